@@ -1,0 +1,45 @@
+# Quick start: `make run` (set-up, build, main job) and `make test` (set-up, build, every test).
+# Both install what is missing first (scripts/setup.sh, pinned), then build incrementally.
+BUILD ?= build
+PY := .deps/venv/bin/python
+CUTLASS_INCLUDE := $(CURDIR)/.deps/cutlass-4.2.0.0/include
+JOBS ?= $(shell nproc)
+
+.PHONY: all setup configure build run test test-cpp test-python python-install gpu clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt | setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DGDNKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(CURDIR)/$(PY) \
+	  -DGDNKIT_CUTLASS_DIR=$(CUTLASS_INCLUDE)
+
+configure: $(BUILD)/build.ninja
+
+build: setup configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/gdnkit
+
+test: build test-cpp test-python
+
+test-cpp: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-python: build
+	PYTHONPATH=$(BUILD)/python $(PY) -m pytest tests/python -q
+
+# Builds and installs the Python package into the project's venv through pip (scikit-build-core).
+python-install: setup
+	$(PY) -m pip install --no-build-isolation -v . 
+
+# On a machine with a GPU: build, GPU tests, benchmark (see scripts/gpu_check.sh).
+gpu:
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of gdnkit and FLA on the rows of bench/rows.json (one process, one GPU).
+
+For every row, on identical inputs (cuLA's benchmark recipe: q = 0.03 randn, k = 0.01 randn,
+v = 0.1 randn in bf16, decay alpha in [0.85, 0.95) passed as log(alpha), beta in [0, 0.5), packed
+varlen, no initial state, no final state):
+  gdnkit_ms        device time of one gdnkit call: CUDA-graph replays timed with CUDA events,
+                   median of repeats, inputs rotated over enough copies to exceed the L2 cache
+  gdnkit_eager_ms  CUDA-event time of one eager Python call, host overhead included (median)
+  fla_kernel_ms    sum of FLA's GPU kernel times for one call (torch profiler, median of calls)
+  fla_eager_ms     CUDA-event time of one eager FLA call (median)
+  floor_ms         max(flops / 785e12, bytes / 4.26e12) as in GDN_MATH.md section 4
+
+Writes bench/results/<gpu>-<date>.json (or --out) and prints a table. --plot draws a PNG.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MATMUL_RATE = 785e12   # bf16 dense, measured on an H200 (PEERS.md)
+COPY_RATE = 4.26e12    # device copy, bytes read + written
+L2_BYTES = 60 << 20
+
+
+def floor_ms(row):
+    t = sum(row["lens"])
+    H = max(row["Hq"], row["Hv"])
+    dk, dv = row["dk"], row["dv"]
+    flops = t * H * (10 * 64 * dk + 6 * dk * dv)
+    nbytes = t * (row["Hq"] * dk + row["Hk"] * dk + 2 * H * dv) * 2 + t * H * 6
+    return 1e3 * max(flops / MATMUL_RATE, nbytes / COPY_RATE)
+
+
+def make_inputs(row, seed, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    T = sum(row["lens"])
+    H = max(row["Hq"], row["Hv"])
+    bf = torch.bfloat16
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
+
+    q = (0.03 * randn(1, T, row["Hq"], row["dk"])).to(bf)
+    k = (0.01 * randn(1, T, row["Hk"], row["dk"])).to(bf)
+    v = (0.1 * randn(1, T, row["Hv"], row["dv"])).to(bf)
+    alpha = 0.85 + 0.1 * torch.rand(1, T, H, generator=g, device=device)
+    gate = torch.log(alpha).float()
+    beta = (0.5 * torch.rand(1, T, H, generator=g, device=device)).float()
+    cu = torch.zeros(len(row["lens"]) + 1, dtype=torch.int32, device=device)
+    cu[1:] = torch.cumsum(torch.tensor(row["lens"], device=device), 0)
+    return dict(q=q, k=k, v=v, g=gate, beta=beta, cu_seqlens=cu)
+
+
+def input_bytes(x):
+    return sum(t.numel() * t.element_size() for t in x.values())
+
+
+def events_median(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return statistics.median(times)
+
+
+def graph_device_ms(call, sets, reps):
+    """Captures one call per input set into one graph, replays it, returns median ms per call."""
+    for x in sets:  # warm up outside capture (first-call work, allocator)
+        call(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for x in sets:
+                call(x)
+    torch.cuda.synchronize()
+    ms = events_median(graph.replay, reps)
+    return ms / len(sets)
+
+
+def profiler_kernel_ms(call, x, reps):
+    """Sum of GPU kernel times of one call, median over reps calls (host gaps excluded)."""
+    from torch.profiler import ProfilerActivity, profile
+    call(x)
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(reps):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call(x)
+            torch.cuda.synchronize()
+        total_us = 0.0
+        for evt in prof.events():
+            if evt.device_type == torch.autograd.DeviceType.CUDA:
+                total_us += evt.device_time
+        per_call.append(total_us / 1e3)
+    return statistics.median(per_call)
+
+
+def gdnkit_call(gdnkit):
+    def call(x):
+        return gdnkit.chunk_gated_delta_rule(
+            x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], cu_seqlens=x["cu_seqlens"],
+            output_final_state=False)
+    return call
+
+
+def fla_call():
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    def call(x):
+        return chunk_gated_delta_rule(
+            x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], cu_seqlens=x["cu_seqlens"].long(),
+            output_final_state=False)
+    return call
+
+
+def host_overhead_us(gdnkit, x, reps=200):
+    """Host time of one Python call (the GPU work is queued, not waited for)."""
+    import time
+    call = gdnkit_call(gdnkit)
+    call(x)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call(x)
+        samples.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    return 1e6 * statistics.median(samples)
+
+
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True).strip()
+    except Exception:
+        return os.environ.get("GDNKIT_COMMIT", "unknown")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default=os.path.join(HERE, "rows.json"))
+    ap.add_argument("--suite", default="all", help="cula-28, model or all")
+    ap.add_argument("--only", default="", help="comma-separated row names")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--plot", default="", help="write a PNG bar chart here")
+    ap.add_argument("--cpp-driver", default="", help="path of bench_gdnkit (C++ driver) to merge its numbers")
+    args = ap.parse_args()
+
+    import gdnkit
+    rows = json.load(open(args.rows))["rows"]
+    if args.suite != "all":
+        rows = [r for r in rows if r["suite"] == args.suite]
+    if args.only:
+        names = set(args.only.split(","))
+        rows = [r for r in rows if r["name"] in names]
+    fla = None if args.no_fla else fla_call()
+    ours = gdnkit_call(gdnkit)
+
+    cpp = {}
+    if args.cpp_driver:
+        out = subprocess.check_output([args.cpp_driver, "--rows", args.rows, "--json"], text=True)
+        for line in out.splitlines():
+            if line.startswith("{"):
+                rec = json.loads(line)
+                cpp[rec["name"]] = rec
+
+    results = []
+    for i, row in enumerate(rows):
+        x = make_inputs(row, seed=i)
+        nsets = max(1, min(8, math.ceil(3 * L2_BYTES / max(1, input_bytes(x)))))
+        sets = [x] + [make_inputs(row, seed=1000 * (i + 1) + j) for j in range(1, nsets)]
+        rec = dict(name=row["name"], suite=row["suite"], tokens=sum(row["lens"]), seqs=len(row["lens"]),
+                   heads=f'{row["Hq"]}/{row["Hk"]}/{row["Hv"]}', floor_ms=floor_ms(row))
+        rec["gdnkit_ms"] = graph_device_ms(ours, sets, args.reps)
+        rec["gdnkit_kernel_ms"] = profiler_kernel_ms(ours, x, 5)
+        rec["gdnkit_eager_ms"] = events_median(lambda: ours(x), args.reps)
+        if fla is not None:
+            rec["fla_kernel_ms"] = profiler_kernel_ms(fla, x, 5)
+            rec["fla_eager_ms"] = events_median(lambda: fla(x), args.reps)
+        if row["name"] in cpp:
+            rec["gdnkit_cpp_ms"] = cpp[row["name"]]["device_ms"]
+            rec["gdnkit_cpp_host_us"] = cpp[row["name"]]["host_us"]
+        results.append(rec)
+        del sets, x
+        torch.cuda.empty_cache()
+        print(f'  {rec["name"]}: gdnkit {rec["gdnkit_ms"]:.3f} ms' +
+              (f', FLA {rec["fla_kernel_ms"]:.3f} ms' if fla else ''), file=sys.stderr, flush=True)
+
+    smallest = min(rows, key=lambda r: sum(r["lens"]) * max(r["Hq"], r["Hv"]))
+    py_host_us = host_overhead_us(gdnkit, make_inputs(smallest, seed=7))
+
+    gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
+    today = datetime.date.today().isoformat()
+    doc = dict(gpu=torch.cuda.get_device_name(), commit=git_commit(), date=today,
+               torch=torch.__version__, python_host_us_smallest_row=py_host_us,
+               smallest_row=smallest["name"], rows=results)
+    out = args.out or os.path.join(HERE, "results", f"{gpu}-{today}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+    hdr = f'{"row":38s} {"tokens":>7s} {"floor":>7s} {"gdnkit":>7s} {"/floor":>6s} {"eager":>7s}'
+    if fla:
+        hdr += f' {"FLA":>7s} {"FLAeag":>7s} {"FLA/gk":>6s} {"eag/eag":>7s}'
+    print(hdr)
+    for r in results:
+        line = (f'{r["name"]:38s} {r["tokens"]:7d} {r["floor_ms"]:7.3f} {r["gdnkit_ms"]:7.3f} '
+                f'{r["gdnkit_ms"] / r["floor_ms"]:6.2f} {r["gdnkit_eager_ms"]:7.3f}')
+        if fla:
+            line += (f' {r["fla_kernel_ms"]:7.3f} {r["fla_eager_ms"]:7.3f} {r["fla_kernel_ms"] / r["gdnkit_ms"]:6.2f}'
+                     f' {r["fla_eager_ms"] / r["gdnkit_eager_ms"]:7.2f}')
+        print(line)
+    cula = [r for r in results if r["suite"] == "cula-28"]
+    if cula:
+        gm = math.exp(sum(math.log(r["gdnkit_ms"] / r["floor_ms"]) for r in cula) / len(cula))
+        print(f"cula-28 geomean gdnkit/floor: {gm:.2f}", end="")
+        if fla:
+            gf = math.exp(sum(math.log(r["fla_kernel_ms"] / r["gdnkit_ms"]) for r in cula) / len(cula))
+            slower = [r["name"] for r in cula if r["gdnkit_ms"] > r["fla_kernel_ms"]]
+            eager_slower = [r["name"] for r in results if r["gdnkit_eager_ms"] > r["fla_eager_ms"]]
+            print(f"; FLA kernels / gdnkit: {gf:.2f}x; rows where gdnkit device > FLA kernels: {slower or 'none'};"
+                  f" rows where gdnkit eager > FLA eager: {eager_slower or 'none'}", end="")
+        print()
+    print(f"python host time of one call on {smallest['name']}: {py_host_us:.1f} us")
+    print(f"wrote {out}")
+    if args.plot:
+        plot(results, args.plot, fla is not None)
+
+
+def plot(results, path, with_fla):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["name"] for r in results]
+    n = len(names)
+    width = 0.28
+    fig, ax = plt.subplots(figsize=(max(10, 0.45 * n), 5))
+    xs = range(n)
+    ax.bar([x - width for x in xs], [r["gdnkit_ms"] for r in results], width, label="gdnkit (device)")
+    if with_fla:
+        ax.bar(list(xs), [r["fla_kernel_ms"] for r in results], width, label="FLA (kernels)")
+    ax.bar([x + width for x in xs], [r["floor_ms"] for r in results], width, label="floor")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log scale)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=75, fontsize=7)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

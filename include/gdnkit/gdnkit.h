@@ -1,0 +1,183 @@
+// gdnkit: the Gated DeltaNet prefill (chunked forward of the GDN recurrence).
+//
+// Usage:
+//   gdnkit::Problem p;             // shapes, dtypes, strides, options (metadata only)
+//   p.total_tokens = T; p.num_seqs = N; ...
+//   gdnkit::Plan plan = gdnkit::Plan::create(p);            // checks metadata, picks a backend
+//   void* ws = alloc(plan.workspace_bytes());               // caller-owned scratch
+//   plan.run(tensors, ws, plan.workspace_bytes(), stream);  // no allocation, no host sync
+//
+// The math is in docs/math.md. Summary, per sequence and output head, state S (dk x dv, fp32):
+//   S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * S_t^T q_t.
+//
+// Thread safety: a Plan is immutable after create(); run() and validate() are const and touch no
+// global mutable state, so one plan may run on many threads and streams at once. All scratch memory
+// is the workspace the caller passes: two runs in flight at the same time must be given two
+// workspaces (two plans running on two streams share nothing unless the caller makes them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+struct CUstream_st;  // the CUDA runtime's stream type; gdnkit::Stream is cudaStream_t
+
+namespace gdnkit {
+
+using Stream = CUstream_st*;
+
+// Element types. q, k, v and o share one of f16/bf16; g is f32; beta is f32, f16 or bf16;
+// states are f32; cu_seqlens is i32 or i64.
+enum class DType : std::uint8_t { f16, bf16, f32, i32, i64 };
+
+// Log space: g_t = log(alpha_t), decay exp(g_t) (FLA, vLLM model code).
+// Linear space: the caller passes alpha_t itself (flashinfer, cuLA); gdnkit uses log(max(alpha, FLT_MIN)).
+enum class GateSpace : std::uint8_t { log, linear };
+
+// kv: state[n][h][i_k][i_v] ([N, H, dk, dv], FLA).  vk: state[n][h][i_v][i_k] ([N, H, dv, dk], flashinfer).
+enum class StateLayout : std::uint8_t { kv, vk };
+
+// Where the tensors live.
+enum class Memory : std::uint8_t { host, cuda };
+
+// Which implementation runs. automatic: the fastest one that supports the problem on the memory given.
+enum class Backend : std::uint8_t { automatic, cpu, cuda };
+
+// Strides in elements. The innermost (feature) dimension is always contiguous. 0 means packed:
+// head stride = head dim (1 for g/beta), token stride = heads * head stride.
+struct Strides {
+  std::int64_t token = 0;
+  std::int64_t head = 0;
+};
+
+// Everything about a call except the data pointers. Plain metadata: cheap to copy and compare.
+//
+// Heads: let H = max(Hq, Hv) be the number of output heads (gates, beta, states and o have H heads).
+//   MHA: Hq = Hk = Hv.
+//   GVA: Hq = Hk, Hv = r*Hq (r >= 2); output head h reads q/k head h / r and v head h.
+//   GQA: Hk = Hv, Hq = r*Hv (r >= 2); output head h reads q head h and k/v head h / r.
+// Sequences: with has_cu_seqlens, sequence n is tokens [cu_seqlens[n], cu_seqlens[n+1]) (N+1 entries,
+// starting at 0, non-decreasing, ending at T; empty sequences are allowed). Without, the T tokens are
+// N equal sequences of T/N tokens (the batched [B, L, H, D] layout).
+struct Problem {
+  std::int64_t total_tokens = 0;  // T
+  std::int64_t num_seqs = 1;      // N
+  int num_q_heads = 0;            // Hq
+  int num_k_heads = 0;            // Hk
+  int num_v_heads = 0;            // Hv
+  int head_dim_k = 128;           // dk, 16..256
+  int head_dim_v = 128;           // dv, 16..256
+
+  DType qkv_dtype = DType::bf16;         // q, k, v and o
+  DType beta_dtype = DType::f32;
+  DType cu_seqlens_dtype = DType::i32;
+  bool has_cu_seqlens = true;
+
+  Strides q, k, v, o, g, beta;
+
+  std::optional<float> scale;  // default head_dim_k^-0.5
+
+  bool has_gate = true;            // false: decay 1
+  bool has_beta = true;            // false: beta 1
+  bool has_initial_state = false;  // false: zeros
+  bool want_final_state = false;
+  GateSpace gate_space = GateSpace::log;
+  StateLayout state_layout = StateLayout::kv;
+  Memory memory = Memory::host;
+};
+
+struct Options {
+  Backend backend = Backend::automatic;
+  int cpu_threads = 0;  // CPU backend worker threads; 0 = all hardware threads
+};
+
+// Data pointers for one run. Shapes follow Problem:
+//   q [T, Hq, dk], k [T, Hk, dk], v [T, Hv, dv], o [T, H, dv]   (with the strides of Problem)
+//   g [T, H] f32, beta [T, H]                                     (with the strides of Problem)
+//   cu_seqlens [N+1]
+//   initial_state, final_state [N, H, dk, dv] (kv) or [N, H, dv, dk] (vk), f32, contiguous.
+// final_state may be the same buffer as initial_state (in-place update); no other output may
+// overlap an input.
+struct Tensors {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* g = nullptr;
+  const void* beta = nullptr;
+  const void* cu_seqlens = nullptr;
+  const float* initial_state = nullptr;
+  void* o = nullptr;
+  float* final_state = nullptr;
+};
+
+// Every error gdnkit reports. what() names the argument and gives what was expected and what was
+// found, e.g. "k: expected 16 heads for GVA with Hq=16, got 32".
+class Error : public std::runtime_error {
+ public:
+  enum class Kind {
+    invalid_value,  // a size, stride, flag or value is wrong (Python: ValueError)
+    invalid_type,   // a dtype is wrong (Python: TypeError)
+    unsupported,    // valid, but no backend here can run it (Python: RuntimeError)
+    cuda,           // the CUDA runtime reported an error (Python: RuntimeError)
+  };
+  Error(Kind kind, std::string argument, const std::string& message)
+      : std::runtime_error(message), kind_(kind), argument_(std::move(argument)) {}
+  Kind kind() const noexcept { return kind_; }
+  const std::string& argument() const noexcept { return argument_; }
+
+ private:
+  Kind kind_;
+  std::string argument_;
+};
+
+struct PlanImpl;  // backend-specific launch configuration (opaque)
+
+class Plan {
+ public:
+  // Checks the metadata (throws Error), picks a backend and its launch configuration. For
+  // Memory::cuda it reads the current device's properties once, here, never in run().
+  static Plan create(const Problem& problem, const Options& options = {});
+
+  const Problem& problem() const noexcept;
+  Backend backend() const noexcept;      // never automatic
+  const char* kernel_name() const noexcept;  // e.g. "cpu-chunked-fp32"
+  std::size_t workspace_bytes() const noexcept;
+  int num_output_heads() const noexcept;  // H = max(Hq, Hv)
+  float scale() const noexcept;           // the resolved scale
+
+  // Computes o (and final_state when wanted). workspace must hold workspace_bytes() bytes in the
+  // problem's memory space (device memory for Memory::cuda; 256-byte aligned). For Memory::cuda the
+  // work is enqueued on stream and run() returns without synchronising; for Memory::host it runs on
+  // the calling thread plus worker threads and returns when done (stream is ignored).
+  // Throws Error for null pointers the problem needs or a workspace that is too small.
+  void run(const Tensors& tensors, void* workspace, std::size_t workspace_bytes,
+           Stream stream = nullptr) const;
+
+  // Checks the values run() relies on: cu_seqlens starts at 0, never decreases and ends at T;
+  // gates are finite (log space) or finite and >= 0 (linear space). For Memory::cuda this copies
+  // them to the host and synchronises stream: call it when debugging, not on the hot path.
+  void validate(const Tensors& tensors, Stream stream = nullptr) const;
+
+  Plan(const Plan&);
+  Plan& operator=(const Plan&);
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+  ~Plan();
+
+ private:
+  explicit Plan(PlanImpl* impl);
+  PlanImpl* impl_;
+};
+
+const char* to_string(DType dtype) noexcept;
+const char* to_string(Backend backend) noexcept;
+const char* to_string(GateSpace gate_space) noexcept;
+const char* to_string(StateLayout layout) noexcept;
+std::size_t dtype_size(DType dtype) noexcept;
+
+// True when a CUDA device is present and usable from this process (no exception if not).
+bool cuda_available() noexcept;
+
+}  // namespace gdnkit

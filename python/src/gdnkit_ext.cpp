@@ -1,0 +1,721 @@
+// gdnkit._gdnkit: the nanobind binding behind gdnkit.chunk_gated_delta_rule.
+//
+// Tensors arrive as any DLPack-capable object (NumPy arrays, torch tensors, CuPy arrays, ...) and
+// are inspected generically: dtype, device and strides come from DLPack, never from a framework's
+// own API. Outputs (o, final_state) and, for device memory, the workspace are allocated with the
+// framework of q (numpy.empty / torch.empty / the array-API namespace's empty), on q's device, so
+// the binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
+// per-call overhead low.
+//
+// Errors: gdnkit::Error maps to ValueError (invalid_value), TypeError (invalid_type) and
+// RuntimeError (unsupported, cuda), message unchanged. The binding's own checks throw gdnkit::Error
+// too, in the library's "<argument>: expected <what>, got <what>" format.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "gdnkit/gdnkit.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using gdnkit::DType;
+using gdnkit::Error;
+using Kind = gdnkit::Error::Kind;
+
+// Read-only view: accepts read-only NumPy arrays too (the binding never writes through an input).
+using Array = nb::ndarray<nb::ro>;
+// Writable view of an output the binding allocated.
+using OutArray = nb::ndarray<>;
+
+[[noreturn]] void fail(Kind kind, const std::string& argument, const std::string& expected,
+                       const std::string& got) {
+  throw Error(kind, argument, argument + ": expected " + expected + ", got " + got);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python objects looked up once, at import (under the import lock, so no initialisation race).
+// They are deliberately never released: they must outlive the static destructors that run after
+// the interpreter has gone.
+
+struct Globals {
+  PyObject* np_ndarray = nullptr;  // numpy.ndarray
+  PyObject* np_empty = nullptr;    // numpy.empty
+  PyObject* np_float32 = nullptr;  // numpy.dtype('float32')
+  PyObject* np_uint16 = nullptr;   // numpy.dtype('uint16') (bf16 NumPy arrays are read through it)
+  // CPU backend threads, counted once: std::thread::hardware_concurrency() reads /sys and costs
+  // microseconds, which Plan::create would otherwise pay on every call.
+  int cpu_threads = 0;
+};
+Globals G;
+
+void init_globals() {
+  nb::module_ np = nb::module_::import_("numpy");
+  G.np_ndarray = nb::object(np.attr("ndarray")).release().ptr();
+  G.np_empty = nb::object(np.attr("empty")).release().ptr();
+  G.np_float32 = np.attr("dtype")("float32").release().ptr();
+  G.np_uint16 = np.attr("dtype")("uint16").release().ptr();
+  G.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+bool is_numpy(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), (PyTypeObject*)G.np_ndarray); }
+
+// ---------------------------------------------------------------------------------------------
+// Formatting helpers for messages.
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+std::string shape_str(const Array& a) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    if (i) s += ", ";
+    s += str(static_cast<std::int64_t>(a.shape(i)));
+  }
+  if (a.ndim() == 1) s += ",";
+  return s + ")";
+}
+
+std::string strides_str(const Array& a) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    if (i) s += ", ";
+    s += str(a.stride(i));
+  }
+  if (a.ndim() == 1) s += ",";
+  return s + ")";
+}
+
+std::string py_type_name(nb::handle obj) { return nb::type_name(obj.type()).c_str(); }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor import.
+
+enum class Elem : std::uint8_t { f16, bf16, f32, f64, i32, i64, other };
+
+struct Tensor {
+  const char* name = "";
+  nb::handle obj;  // the caller's object (borrowed: the caller's frame keeps it alive)
+  Array arr;       // holds the DLPack export alive for the duration of the call
+  Elem elem = Elem::other;
+  std::string dtype_name;  // for messages, computed only when needed
+
+  bool present() const { return arr.is_valid(); }
+  std::int64_t dim(std::size_t i) const { return static_cast<std::int64_t>(arr.shape(i)); }
+  std::int64_t stride(std::size_t i) const { return arr.stride(i); }
+  int ndim() const { return static_cast<int>(arr.ndim()); }
+  const void* data() const { return arr.data(); }
+};
+
+Elem classify(nb::dlpack::dtype d) {
+  using C = nb::dlpack::dtype_code;
+  if (d.lanes != 1) return Elem::other;
+  if (d.code == (std::uint8_t)C::Float) {
+    if (d.bits == 16) return Elem::f16;
+    if (d.bits == 32) return Elem::f32;
+    if (d.bits == 64) return Elem::f64;
+  } else if (d.code == (std::uint8_t)C::Bfloat && d.bits == 16) {
+    return Elem::bf16;
+  } else if (d.code == (std::uint8_t)C::Int) {
+    if (d.bits == 32) return Elem::i32;
+    if (d.bits == 64) return Elem::i64;
+  }
+  return Elem::other;
+}
+
+std::string dlpack_dtype_name(nb::dlpack::dtype d) {
+  using C = nb::dlpack::dtype_code;
+  const char* prefix = "?";
+  switch (d.code) {
+    case (std::uint8_t)C::Int: prefix = "int"; break;
+    case (std::uint8_t)C::UInt: prefix = "uint"; break;
+    case (std::uint8_t)C::Float: prefix = "float"; break;
+    case (std::uint8_t)C::Bfloat: prefix = "bfloat"; break;
+    case (std::uint8_t)C::Complex: prefix = "complex"; break;
+    case (std::uint8_t)C::Bool: return "bool";
+    default: return "dtype code " + std::to_string(d.code) + " (" + std::to_string(d.bits) + " bits)";
+  }
+  std::string s = prefix + std::to_string(d.bits);
+  if (d.lanes != 1) s += "x" + std::to_string(d.lanes);
+  return s;
+}
+
+const char* elem_name(Elem e) {
+  switch (e) {
+    case Elem::f16: return "float16";
+    case Elem::bf16: return "bfloat16";
+    case Elem::f32: return "float32";
+    case Elem::f64: return "float64";
+    case Elem::i32: return "int32";
+    case Elem::i64: return "int64";
+    case Elem::other: break;
+  }
+  return "?";
+}
+
+std::string dtype_of(const Tensor& t) {
+  return t.elem != Elem::other ? elem_name(t.elem) : dlpack_dtype_name(t.arr.dtype());
+}
+
+// A NumPy array of ml_dtypes.bfloat16 (or any 2-byte dtype NumPy calls "bfloat16") cannot be
+// exported through DLPack by NumPy; it is read through a uint16 view instead.
+bool numpy_bfloat16(nb::handle obj) {
+  if (!is_numpy(obj)) return false;
+  nb::object dt = nb::getattr(obj, "dtype");
+  nb::object name = nb::getattr(dt, "name", nb::none());
+  return nb::isinstance<nb::str>(name) && std::string_view(nb::borrow<nb::str>(name).c_str()) == "bfloat16" &&
+         nb::cast<int>(dt.attr("itemsize")) == 2;
+}
+
+// Imports obj (which must not be None) as a DLPack tensor; on failure raises TypeError naming it.
+Array import_array(nb::handle obj, const char* name, bool* bf16_view) {
+  Array a;
+  if (nb::try_cast(obj, a, /*convert=*/false)) return a;
+  if (numpy_bfloat16(obj)) {
+    nb::object view = nb::steal(PyObject_CallMethod(obj.ptr(), "view", "O", G.np_uint16));
+    if (view.is_valid() && nb::try_cast(view, a, false)) {
+      if (bf16_view) *bf16_view = true;
+      return a;
+    }
+    PyErr_Clear();
+  }
+  // Give the reason where a known framework refuses to export.
+  nb::object rg = nb::getattr(obj, "requires_grad", nb::none());
+  if (rg.is_valid() && !rg.is_none() && PyObject_IsTrue(rg.ptr()) == 1)
+    fail(Kind::invalid_value, name,
+         "a tensor that does not require grad (gdnkit is forward-only: use torch.no_grad() or .detach())",
+         "requires_grad=True");
+  fail(Kind::invalid_type, name, "a DLPack-capable tensor (NumPy array, torch tensor, ...)", py_type_name(obj));
+}
+
+Tensor import_tensor(nb::handle obj, const char* name) {
+  Tensor t;
+  t.name = name;
+  t.obj = obj;
+  if (obj.is_none()) return t;
+  bool bf16_view = false;
+  t.arr = import_array(obj, name, &bf16_view);
+  t.elem = bf16_view ? Elem::bf16 : classify(t.arr.dtype());
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices.
+
+enum class Dev : std::uint8_t { host, cuda, other };
+
+Dev dev_kind(int device_type) {
+  switch (device_type) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value: return Dev::host;  // pinned host memory is host memory
+    case nb::device::cuda::value:
+    case nb::device::cuda_managed::value: return Dev::cuda;
+    default: return Dev::other;
+  }
+}
+
+std::string device_str(const Array& a) {
+  switch (a.device_type()) {
+    case nb::device::cpu::value: return "cpu";
+    case nb::device::cuda_host::value: return "cuda_host";
+    case nb::device::cuda::value: return "cuda:" + std::to_string(a.device_id());
+    case nb::device::cuda_managed::value: return "cuda_managed:" + std::to_string(a.device_id());
+    default: return "DLPack device type " + std::to_string(a.device_type());
+  }
+}
+
+void check_same_device(const Tensor& t, const Tensor& q) {
+  if (!t.present()) return;
+  const Dev a = dev_kind(t.arr.device_type()), b = dev_kind(q.arr.device_type());
+  if (a != b || (a == Dev::cuda && t.arr.device_id() != q.arr.device_id()))
+    fail(Kind::invalid_value, t.name, "a tensor on q's device (" + device_str(q.arr) + ")", device_str(t.arr));
+}
+
+// Makes q's device current for the scope (the planner reads the current device's properties).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+      return;
+    }
+    if (previous_ != device && cudaSetDevice(device) == cudaSuccess) set_ = true;
+  }
+  ~DeviceGuard() {
+    if (set_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool set_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Layout checks.
+
+// Leading (batch/token) dims of q: [T] (packed, 3-D q) or [B, L] (batched, 4-D q).
+struct Lead {
+  int n = 1;  // 1 or 2
+  std::int64_t B = 1, L = 0;
+  std::int64_t T() const { return B * L; }
+  std::string str() const {
+    return n == 1 ? "T=" + ::str(L) : "[B, T]=[" + ::str(B) + ", " + ::str(L) + "]";
+  }
+};
+
+std::string lead_of(const Tensor& t, int n) {
+  return n == 1 ? "T=" + str(t.dim(0)) : "[B, T]=[" + str(t.dim(0)) + ", " + str(t.dim(1)) + "]";
+}
+
+// Checks t has q's leading dims followed by `rest` more dims, and returns its token stride in
+// elements (0 = irrelevant, at most one token). Problem has no batch stride, so a 4-D view must
+// flatten to [B*T, ...]: batch stride == T * token stride.
+std::int64_t token_stride(const Tensor& t, const Lead& lead, int rest, const char* layout) {
+  if (t.ndim() != lead.n + rest)
+    fail(Kind::invalid_value, t.name, std::to_string(lead.n + rest) + " dims " + layout + " like q",
+         std::to_string(t.ndim()) + " dims " + shape_str(t.arr));
+  if ((lead.n == 1 && t.dim(0) != lead.L) ||
+      (lead.n == 2 && (t.dim(0) != lead.B || t.dim(1) != lead.L)))
+    fail(Kind::invalid_value, t.name, lead.str() + " like q", lead_of(t, lead.n) + " (shape " + shape_str(t.arr) + ")");
+  if (lead.T() <= 1) return 0;
+  std::int64_t s;
+  if (lead.n == 1 || lead.B == 1) {
+    s = t.stride(lead.n - 1);
+  } else if (lead.L == 1) {
+    s = t.stride(0);
+  } else {
+    s = t.stride(1);
+    if (t.stride(0) != lead.L * s)
+      fail(Kind::invalid_value, t.name,
+           "a batch stride of T * token stride = " + str(lead.L * s) +
+               " (the [B, T] dims must flatten to B*T tokens; make it contiguous)",
+           str(t.stride(0)) + " (strides " + strides_str(t.arr) + ")");
+  }
+  if (s <= 0)
+    fail(Kind::invalid_value, t.name, "a positive token stride", str(s) + " (strides " + strides_str(t.arr) + ")");
+  return s;
+}
+
+// Head stride of dim i (0 when there is at most one head: irrelevant).
+std::int64_t head_stride(const Tensor& t, int i) {
+  if (t.dim(i) <= 1) return 0;
+  const std::int64_t s = t.stride(i);
+  if (s <= 0)
+    fail(Kind::invalid_value, t.name, "a positive head stride", str(s) + " (strides " + strides_str(t.arr) + ")");
+  return s;
+}
+
+// q, k, v: [..., heads, dim] with the feature dim contiguous.
+gdnkit::Strides qkv_strides(const Tensor& t, const Lead& lead) {
+  const std::int64_t ts = token_stride(t, lead, 2, lead.n == 1 ? "[T, H, D]" : "[B, T, H, D]");
+  if (lead.T() == 0) return {};  // no elements: strides are meaningless (often 0)
+  const int d = lead.n + 1;
+  if (t.dim(d) > 1 && t.stride(d) != 1)
+    fail(Kind::invalid_value, t.name, "a contiguous last dim (stride 1)",
+         "stride " + str(t.stride(d)) + " (strides " + strides_str(t.arr) + ")");
+  return {ts, head_stride(t, lead.n)};
+}
+
+// g, beta: [..., H].
+gdnkit::Strides gate_strides(const Tensor& t, const Lead& lead) {
+  const std::int64_t ts = token_stride(t, lead, 1, lead.n == 1 ? "[T, H]" : "[B, T, H]");
+  if (lead.T() == 0) return {};
+  return {ts, head_stride(t, lead.n)};
+}
+
+DType qkv_dtype(const Tensor& t) {
+  if (t.elem == Elem::f16) return DType::f16;
+  if (t.elem == Elem::bf16) return DType::bf16;
+  fail(Kind::invalid_type, t.name, "dtype float16 or bfloat16", dtype_of(t));
+}
+
+bool is_c_contiguous(const Array& a) {
+  std::int64_t expect = 1;
+  for (int i = static_cast<int>(a.ndim()) - 1; i >= 0; --i) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
+    expect *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+// Host cu_seqlens are always checked (O(N)): a bad one would make run() read or write outside the
+// tensors, which must not be reachable from Python. Same messages as Plan::validate.
+void check_host_cu_seqlens(const Tensor& cu, std::int64_t T) {
+  const auto at = [&](std::int64_t i) -> std::int64_t {
+    return cu.elem == Elem::i32 ? static_cast<const std::int32_t*>(cu.data())[i]
+                                : static_cast<const std::int64_t*>(cu.data())[i];
+  };
+  const std::int64_t n = cu.dim(0) - 1;
+  if (at(0) != 0) fail(Kind::invalid_value, "cu_seqlens[0]", "0", str(at(0)));
+  std::int64_t prev = 0;
+  for (std::int64_t i = 1; i <= n; ++i) {
+    const std::int64_t x = at(i);
+    if (x < prev)
+      fail(Kind::invalid_value, "cu_seqlens[" + str(i) + "]", "a non-decreasing value >= " + str(prev), str(x));
+    prev = x;
+  }
+  if (prev != T) fail(Kind::invalid_value, "cu_seqlens[" + str(n) + "]", "total_tokens=" + str(T), str(prev));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocation with q's framework, on q's device.
+
+class Allocator {
+ public:
+  explicit Allocator(nb::handle q) : q_(q) {
+    if (is_numpy(q)) {
+      kind_ = Numpy;
+      return;
+    }
+    // Frameworks are looked up in sys.modules only: if q is one of their arrays, they are imported.
+    if (nb::object torch = imported("torch"); torch.is_valid() && nb::isinstance(q, torch.attr("Tensor"))) {
+      kind_ = WithDevice;
+      ns_ = torch;
+    } else if (nb::object cupy = imported("cupy"); cupy.is_valid() && nb::isinstance(q, cupy.attr("ndarray"))) {
+      kind_ = CurrentDevice;  // cupy.empty allocates on the current device (set by DeviceGuard)
+      ns_ = cupy;
+    } else if (nb::hasattr(q, "__array_namespace__")) {
+      kind_ = WithDevice;
+      ns_ = q.attr("__array_namespace__")();
+    } else {
+      fail(Kind::invalid_type, "q",
+           "a NumPy array, a torch tensor, a CuPy array or an array-API array (outputs are allocated like q)",
+           py_type_name(q));
+    }
+    if (kind_ == WithDevice) device_ = q.attr("device");
+  }
+
+  // An uninitialised array of `shape` with q's dtype.
+  nb::object like_q(nb::handle shape) {
+    return empty(shape, q_.attr("dtype"));
+  }
+  nb::object float32(nb::handle shape) {
+    return kind_ == Numpy ? empty(shape, G.np_float32) : empty(shape, ns_.attr("float32"));
+  }
+  nb::object uint8(nb::handle shape) {
+    return empty(shape, kind_ == Numpy ? nb::object(nb::str("uint8")) : ns_.attr("uint8"));
+  }
+
+ private:
+  nb::object empty(nb::handle shape, nb::handle dtype) {
+    if (kind_ == Numpy) {
+      PyObject* r = PyObject_CallFunctionObjArgs(G.np_empty, shape.ptr(), dtype.ptr(), nullptr);
+      if (!r) throw nb::python_error();
+      return nb::steal(r);
+    }
+    if (kind_ == CurrentDevice) return ns_.attr("empty")(shape, "dtype"_a = dtype);
+    return ns_.attr("empty")(shape, "dtype"_a = dtype, "device"_a = device_);
+  }
+
+  static nb::object imported(const char* name) {
+    PyObject* m = PyImport_GetModule(nb::str(name).ptr());  // new reference, or null
+    if (!m) {
+      PyErr_Clear();
+      return {};
+    }
+    nb::object mod = nb::steal(m);
+    return mod.is_none() ? nb::object() : mod;
+  }
+
+  enum { Numpy, WithDevice, CurrentDevice } kind_ = Numpy;
+  nb::handle q_;
+  nb::object ns_, device_;
+};
+
+// Imports an array the binding just allocated, writable.
+OutArray import_output(nb::handle obj, const char* name) {
+  OutArray a;
+  if (nb::try_cast(obj, a, false)) return a;
+  if (numpy_bfloat16(obj)) {
+    nb::object view = nb::steal(PyObject_CallMethod(obj.ptr(), "view", "O", G.np_uint16));
+    if (view.is_valid() && nb::try_cast(view, a, false)) return a;
+    PyErr_Clear();
+  }
+  throw Error(Kind::unsupported, name, std::string(name) + ": the array allocated like q (" + py_type_name(obj) +
+                                           ") could not be read back through DLPack");
+}
+
+template <std::size_t N>
+nb::tuple make_shape(const std::int64_t (&dims)[N], std::size_t n) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(n));
+  if (!t) throw nb::python_error();
+  for (std::size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(dims[i]));
+  return nb::steal<nb::tuple>(t);
+}
+
+struct HostBuffer {
+  void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(256)); }
+};
+
+const char* text_arg(nb::handle h, const char* name) {
+  if (!PyUnicode_Check(h.ptr())) fail(Kind::invalid_type, name, "a str", py_type_name(h));
+  const char* s = PyUnicode_AsUTF8(h.ptr());
+  if (!s) throw nb::python_error();
+  return s;
+}
+
+gdnkit::GateSpace parse_gate(std::string_view s) {
+  if (s == "log") return gdnkit::GateSpace::log;
+  if (s == "linear") return gdnkit::GateSpace::linear;
+  fail(Kind::invalid_value, "gate", "'log' or 'linear'", "'" + std::string(s) + "'");
+}
+
+gdnkit::StateLayout parse_layout(std::string_view s) {
+  if (s == "kv") return gdnkit::StateLayout::kv;
+  if (s == "vk") return gdnkit::StateLayout::vk;
+  fail(Kind::invalid_value, "state_layout", "'kv' ([N, H, dk, dv]) or 'vk' ([N, H, dv, dk])",
+       "'" + std::string(s) + "'");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The call.
+
+nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle g_obj, nb::handle beta_obj,
+                  nb::handle scale_obj, nb::handle h0_obj, nb::handle want_final_obj, nb::handle cu_obj,
+                  nb::handle gate_obj, nb::handle layout_obj, nb::handle validate_obj, nb::handle stream_obj) {
+  gdnkit::Problem p;
+  const char* gate = text_arg(gate_obj, "gate");
+  const char* state_layout = text_arg(layout_obj, "state_layout");
+  p.gate_space = parse_gate(gate);
+  p.state_layout = parse_layout(state_layout);
+  std::uintptr_t stream_handle = 0;
+  if (!stream_obj.is_none()) {
+    if (!PyLong_Check(stream_obj.ptr()))
+      fail(Kind::invalid_type, "stream", "an integer (a cudaStream_t) or None", py_type_name(stream_obj));
+    stream_handle = reinterpret_cast<std::uintptr_t>(PyLong_AsVoidPtr(stream_obj.ptr()));
+    if (PyErr_Occurred()) throw nb::python_error();
+  }
+
+  // Python truthiness for the flags (accepts numpy.bool_ and friends).
+  auto truthy = [](nb::handle h) {
+    const int r = PyObject_IsTrue(h.ptr());
+    if (r < 0) throw nb::python_error();
+    return r == 1;
+  };
+  p.want_final_state = truthy(want_final_obj);
+  const bool validate = truthy(validate_obj);
+
+  if (!scale_obj.is_none()) {
+    const double s = PyFloat_AsDouble(scale_obj.ptr());
+    if (s == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      fail(Kind::invalid_type, "scale", "a float or None", py_type_name(scale_obj));
+    }
+    p.scale = static_cast<float>(s);
+  }
+
+  if (q_obj.is_none()) fail(Kind::invalid_type, "q", "a tensor", "None");
+  if (k_obj.is_none()) fail(Kind::invalid_type, "k", "a tensor", "None");
+  if (v_obj.is_none()) fail(Kind::invalid_type, "v", "a tensor", "None");
+  const Tensor q = import_tensor(q_obj, "q");
+  const Tensor k = import_tensor(k_obj, "k");
+  const Tensor v = import_tensor(v_obj, "v");
+  const Tensor g = import_tensor(g_obj, "g");
+  const Tensor beta = import_tensor(beta_obj, "beta");
+  const Tensor h0 = import_tensor(h0_obj, "initial_state");
+  const Tensor cu = import_tensor(cu_obj, "cu_seqlens");
+
+  // Device: q decides; everything else must be on the same one.
+  const Dev dev = dev_kind(q.arr.device_type());
+  if (dev == Dev::other)
+    fail(Kind::unsupported, "q", "a CPU or CUDA tensor", device_str(q.arr));
+  for (const Tensor* t : {&k, &v, &g, &beta, &h0, &cu}) check_same_device(*t, q);
+  p.memory = dev == Dev::host ? gdnkit::Memory::host : gdnkit::Memory::cuda;
+
+  // Layout from q: [T, Hq, dk] (packed) or [B, T, Hq, dk] (batched).
+  Lead lead;
+  if (q.ndim() == 3) {
+    lead.n = 1;
+    lead.L = q.dim(0);
+  } else if (q.ndim() == 4) {
+    lead.n = 2;
+    lead.B = q.dim(0);
+    lead.L = q.dim(1);
+  } else {
+    fail(Kind::invalid_value, "q", "3 dims [T, H, K] or 4 dims [B, T, H, K]",
+         std::to_string(q.ndim()) + " dims " + shape_str(q.arr));
+  }
+  const int hd = lead.n;  // index of the head dim
+  p.total_tokens = lead.T();
+
+  // dtypes.
+  p.qkv_dtype = qkv_dtype(q);
+  for (const Tensor* t : {&k, &v})
+    if (t->elem != q.elem)
+      fail(Kind::invalid_type, t->name, std::string("dtype ") + elem_name(q.elem) + " like q", dtype_of(*t));
+
+  // Shapes and strides of q, k, v.
+  p.q = qkv_strides(q, lead);
+  p.k = qkv_strides(k, lead);
+  p.v = qkv_strides(v, lead);
+  p.num_q_heads = static_cast<int>(q.dim(hd));
+  p.num_k_heads = static_cast<int>(k.dim(hd));
+  p.num_v_heads = static_cast<int>(v.dim(hd));
+  p.head_dim_k = static_cast<int>(q.dim(hd + 1));
+  p.head_dim_v = static_cast<int>(v.dim(hd + 1));
+  if (k.dim(hd + 1) != q.dim(hd + 1))
+    fail(Kind::invalid_value, "k", "head dim " + str(q.dim(hd + 1)) + " like q", str(k.dim(hd + 1)));
+
+  p.has_gate = g.present();
+  if (g.present()) {
+    if (g.elem != Elem::f32) fail(Kind::invalid_type, "g", "dtype float32", dtype_of(g));
+    p.g = gate_strides(g, lead);
+  }
+  p.has_beta = beta.present();
+  if (beta.present()) {
+    switch (beta.elem) {
+      case Elem::f32: p.beta_dtype = DType::f32; break;
+      case Elem::f16: p.beta_dtype = DType::f16; break;
+      case Elem::bf16: p.beta_dtype = DType::bf16; break;
+      default: fail(Kind::invalid_type, "beta", "dtype float32, float16 or bfloat16", dtype_of(beta));
+    }
+    p.beta = gate_strides(beta, lead);
+  }
+
+  // Sequences.
+  p.has_cu_seqlens = cu.present();
+  if (cu.present()) {
+    if (cu.elem != Elem::i32 && cu.elem != Elem::i64)
+      fail(Kind::invalid_type, "cu_seqlens", "dtype int32 or int64", dtype_of(cu));
+    p.cu_seqlens_dtype = cu.elem == Elem::i32 ? DType::i32 : DType::i64;
+    if (cu.ndim() != 1)
+      fail(Kind::invalid_value, "cu_seqlens", "1 dim [N+1]", std::to_string(cu.ndim()) + " dims " + shape_str(cu.arr));
+    if (cu.dim(0) < 2)
+      fail(Kind::invalid_value, "cu_seqlens", "at least 2 entries [N+1]", shape_str(cu.arr));
+    if (cu.stride(0) != 1)
+      fail(Kind::invalid_value, "cu_seqlens", "a contiguous tensor (stride 1)", "stride " + str(cu.stride(0)));
+    if (lead.n == 2 && lead.B != 1)
+      fail(Kind::invalid_value, "cu_seqlens",
+           "batch size B=1 for 4-D q with cu_seqlens (the packed sequences are q[0])", "B=" + str(lead.B));
+    p.num_seqs = cu.dim(0) - 1;
+  } else {
+    p.num_seqs = lead.n == 2 ? lead.B : 1;
+  }
+
+  // The planner checks heads, head dims, strides and dtypes it cares about.
+  std::optional<DeviceGuard> guard;
+  if (p.memory == gdnkit::Memory::cuda) guard.emplace(q.arr.device_id());
+  p.has_initial_state = h0.present();
+  gdnkit::Options options;
+  options.cpu_threads = G.cpu_threads;
+  const gdnkit::Plan P = gdnkit::Plan::create(p, options);
+  const std::int64_t N = p.num_seqs, dk = p.head_dim_k, dv = p.head_dim_v, H = P.num_output_heads();
+
+  for (const Tensor* t : {&g, &beta})
+    if (t->present() && t->dim(hd) != H)
+      fail(Kind::invalid_value, t->name, "H=max(Hq, Hv)=" + str(H) + " heads", str(t->dim(hd)) + " (shape " + shape_str(t->arr) + ")");
+
+  const std::int64_t s2 = p.state_layout == gdnkit::StateLayout::kv ? dk : dv;
+  const std::int64_t s3 = p.state_layout == gdnkit::StateLayout::kv ? dv : dk;
+  const std::int64_t state_dims[4] = {N, H, s2, s3};
+  if (h0.present()) {
+    if (h0.elem != Elem::f32) fail(Kind::invalid_type, "initial_state", "dtype float32", dtype_of(h0));
+    const bool ok = h0.ndim() == 4 && h0.dim(0) == N && h0.dim(1) == H && h0.dim(2) == s2 && h0.dim(3) == s3;
+    if (!ok)
+      fail(Kind::invalid_value, "initial_state",
+           std::string("shape ") + (p.state_layout == gdnkit::StateLayout::kv ? "[N, H, dk, dv]" : "[N, H, dv, dk]") +
+               " = (" + str(N) + ", " + str(H) + ", " + str(s2) + ", " + str(s3) + ") for state_layout='" +
+               std::string(state_layout) + "'",
+           shape_str(h0.arr));
+    if (!is_c_contiguous(h0.arr))
+      fail(Kind::invalid_value, "initial_state", "a C-contiguous tensor", "strides " + strides_str(h0.arr));
+  }
+  if (cu.present() && p.memory == gdnkit::Memory::host && !validate) check_host_cu_seqlens(cu, p.total_tokens);
+
+  // Outputs, allocated like q.
+  Allocator alloc(q_obj);
+  std::int64_t o_dims[4];
+  std::size_t o_n = 0;
+  if (lead.n == 2) o_dims[o_n++] = lead.B;
+  o_dims[o_n++] = lead.L;
+  o_dims[o_n++] = H;
+  o_dims[o_n++] = dv;
+  nb::object o_obj = alloc.like_q(make_shape(o_dims, o_n));
+  OutArray o = import_output(o_obj, "o");
+  nb::object hT_obj = nb::none();
+  OutArray hT;
+  if (p.want_final_state) {
+    hT_obj = alloc.float32(make_shape(state_dims, 4));
+    hT = import_output(hT_obj, "final_state");
+  }
+
+  gdnkit::Tensors t;
+  t.q = q.data();
+  t.k = k.data();
+  t.v = v.data();
+  t.g = static_cast<const float*>(g.present() ? g.data() : nullptr);
+  t.beta = beta.present() ? beta.data() : nullptr;
+  t.cu_seqlens = cu.present() ? cu.data() : nullptr;
+  t.initial_state = static_cast<const float*>(h0.present() ? h0.data() : nullptr);
+  t.o = o.data();
+  t.final_state = p.want_final_state ? static_cast<float*>(hT.data()) : nullptr;
+
+  // Workspace: host memory from the C++ heap; device memory from q's framework (its caching
+  // allocator for torch), 256-byte aligned.
+  const std::size_t ws_bytes = P.workspace_bytes();
+  std::unique_ptr<std::byte[], HostBuffer> host_ws;
+  nb::object dev_ws_obj;
+  OutArray dev_ws;
+  void* ws = nullptr;
+  if (ws_bytes > 0) {
+    if (p.memory == gdnkit::Memory::host) {
+      host_ws.reset(static_cast<std::byte*>(::operator new[](ws_bytes, std::align_val_t(256))));
+      ws = host_ws.get();
+    } else {
+      const std::int64_t dims[1] = {static_cast<std::int64_t>(ws_bytes + 256)};
+      dev_ws_obj = alloc.uint8(make_shape(dims, 1));
+      dev_ws = import_output(dev_ws_obj, "workspace");
+      const auto addr = reinterpret_cast<std::uintptr_t>(dev_ws.data());
+      ws = reinterpret_cast<void*>((addr + 255) & ~std::uintptr_t(255));
+    }
+  }
+
+  const auto stream = reinterpret_cast<gdnkit::Stream>(stream_handle);
+  {
+    nb::gil_scoped_release release;
+    if (validate) P.validate(t, stream);
+    P.run(t, ws, ws_bytes, stream);
+  }
+  return nb::make_tuple(o_obj, hT_obj);
+}
+
+}  // namespace
+
+NB_MODULE(_gdnkit, m) {
+  m.doc() = "gdnkit C++ binding (use the gdnkit package, not this module)";
+  init_globals();
+
+  nb::register_exception_translator([](const std::exception_ptr& ptr, void*) {
+    try {
+      std::rethrow_exception(ptr);
+    } catch (const gdnkit::Error& e) {
+      PyObject* type = PyExc_RuntimeError;
+      if (e.kind() == Kind::invalid_value) type = PyExc_ValueError;
+      else if (e.kind() == Kind::invalid_type) type = PyExc_TypeError;
+      PyErr_SetString(type, e.what());
+    }
+  });
+
+  m.attr("__version__") = GDNKIT_VERSION;
+  m.def("cuda_available", &gdnkit::cuda_available,
+        "True when a CUDA device is present and usable from this process.");
+  m.def("_forward", &forward, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
+        "scale"_a.none(), "initial_state"_a.none(), "output_final_state"_a.none(), "cu_seqlens"_a.none(),
+        "gate"_a.none(), "state_layout"_a.none(), "validate"_a.none(), "stream"_a.none(),
+        "Runs the GDN prefill; see gdnkit.chunk_gated_delta_rule. Returns (o, final_state or None).");
+}

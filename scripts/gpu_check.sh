@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU (no network needed): build, run every test (CPU and GPU, C++ and
+# Python), run the CLI on the GPU, and benchmark gdnkit against FLA on the rows of bench/rows.json.
+# Prints a short table last; logs and the benchmark JSON go to $OUT (default: ./gpu-out).
+#
+# Expects, beside the tree: .deps/cutlass-*/include (CUTLASS headers, from scripts/setup.sh) and
+# .whl/ (wheels of fla-core and einops for the FLA comparison; optional).
+#
+#   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"build test cli bench"}
+SUITE=${SUITE:-all}
+BUILD=${BUILD:-build-gpu}
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1
+status=0
+summary=()
+
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+note() { summary+=("$1"); echo "== $1"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gdnkit-site .whl/*.whl \
+    && export PYTHONPATH=/tmp/gdnkit-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+cutlass=$(ls -d .deps/cutlass-*/include 2>/dev/null | head -1)
+
+if has build; then
+  t0=$(date +%s)
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DGDNKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v $PY)" ${cutlass:+-DGDNKIT_CUTLASS_DIR=$PWD/$cutlass} \
+    >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1
+  rc=$?
+  note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
+  if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
+fi
+
+if has test; then
+  ctest --test-dir "$BUILD" --output-on-failure -j 4 >"$OUT/ctest.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "ctest: rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  grep -E '^\s*[0-9]+/[0-9]+ Test.*(Failed|\*\*\*)' "$OUT/ctest.log" | head -20
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -rs >"$OUT/pytest.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "pytest: rc=$rc: $(tail -1 "$OUT/pytest.log")"
+  grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -20
+  grep -hE '^(ERR|ACC) ' "$OUT/ctest.log" "$OUT/pytest.log" >"$OUT/accuracy.txt" 2>/dev/null || true
+fi
+
+if has cli; then
+  "$BUILD/gdnkit" >"$OUT/cli.txt" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "cli: rc=$rc"
+  cat "$OUT/cli.txt"
+fi
+
+if has bench; then
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} GDNKIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown) \
+    $PY bench/bench.py --suite "$SUITE" --cpp-driver "$BUILD/bench_gdnkit" --out "$OUT/bench.json" \
+    --plot "$OUT/bench.png" >"$OUT/bench.txt" 2>"$OUT/bench.err"
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "bench: rc=$rc"
+  [ $rc -ne 0 ] && tail -30 "$OUT/bench.err"
+  cat "$OUT/bench.txt"
+fi
+
+echo
+printf '%s\n' "${summary[@]}"
+exit $status

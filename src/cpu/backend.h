@@ -1,0 +1,19 @@
+// CPU backend: the chunked (C = 64) fp32 prefill, multithreaded over (sequence, head).
+#pragma once
+
+#include <cstddef>
+
+#include "common/shape.h"
+
+namespace gdnkit::cpu {
+
+struct Config {
+  int threads = 1;
+};
+
+Config plan(const Problem& problem, const detail::Shape& shape, const Options& options);
+std::size_t workspace_bytes(const detail::Shape& shape, const Config& config);
+void run(const Problem& problem, const detail::Shape& shape, const Config& config,
+         const Tensors& tensors, void* workspace);
+
+}  // namespace gdnkit::cpu

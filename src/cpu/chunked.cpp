@@ -1,0 +1,443 @@
+// CPU backend: the chunked GDN prefill in fp32, fused form (GDN_MATH.md section 2), C = 64.
+//
+// Per (sequence, output head) item and per chunk of n <= 64 tokens entering with state S (dk x dv):
+//   G = cumsum(g), gam = exp(G), E_ij = exp(G_i - G_j) (i >= j)
+//   Tu = (I + strict_lower(diag(beta) K K^T))^-1          (forward substitution)
+//   M  = lower_incl(E .* Tu) diag(beta)
+//   X  = V - diag(gam) K S,   Vn = M X
+//   O  = diag(scale gam) Q S + (scale lower_incl(Q K^T) .* E) Vn
+//   S' = gam_n S + (K^T diag(exp(G_n - G))) Vn
+// Every product is one routine, gemm(), whose innermost loop runs over contiguous output columns
+// with float accumulators held in a small register block, so -O3 vectorises it without -march.
+// Work items are spread over threads through an atomic counter; all scratch is the caller's
+// workspace (one 64-byte aligned slice per thread); nothing is allocated per item.
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#if defined(__SSE2__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define GDNKIT_HAS_MXCSR 1
+#endif
+
+#include "common/half.h"
+#include "common/shape.h"
+#include "cpu/backend.h"
+
+namespace gdnkit::cpu {
+
+namespace {
+
+constexpr int kChunk = 64;
+constexpr int kAlignFloats = 16;  // 64 bytes
+constexpr std::size_t kAlignBytes = 64;
+constexpr int NR = 8;  // output columns per register block (two SSE vectors)
+constexpr int MR = 4;  // output rows per register block
+
+constexpr std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+// Offsets (in floats) of one thread's scratch arrays; every array starts 64-byte aligned.
+struct Layout {
+  // Row strides (floats) are multiples of 16 (64-byte rows) and odd multiples of 16, so the rows
+  // of a matrix walked down a column spread over every L1 set (a power-of-two stride such as 128
+  // floats maps 128 rows onto 8 of 64 sets and thrashes L1).
+  int ldv = 0;  // everything dv wide: S, X, O, Vn
+  int ldk = 0;  // K and Q rows
+  int ldc = 0;  // everything chunk wide: K^T, K K^T, Q K^T, Tu
+  int ncv = 0;  // dv rounded up to NR: columns computed (beyond dv they stay 0)
+  std::int64_t S = 0, KQ = 0, Kt = 0, KK = 0, QK = 0, T = 0, XO = 0, Vn = 0, vec = 0, total = 0;
+};
+
+constexpr int kNumVec = 7;  // G, gam, beta, rsK, rsQ, w, erow: kChunk floats each
+
+int padded_stride(int cols) {
+  const int ld = static_cast<int>(round_up(cols, kAlignFloats));
+  return (ld / kAlignFloats) % 2 == 0 ? ld + kAlignFloats : ld;
+}
+
+Layout make_layout(const detail::Shape& s) {
+  Layout L;
+  L.ldv = padded_stride(s.dv);
+  L.ldk = padded_stride(s.dk);
+  L.ldc = padded_stride(kChunk);
+  L.ncv = static_cast<int>(round_up(s.dv, NR));
+  std::int64_t at = 0;
+  auto take = [&](std::int64_t floats) {
+    const std::int64_t here = at;
+    at += round_up(floats, kAlignFloats);
+    return here;
+  };
+  L.S = take(static_cast<std::int64_t>(s.dk) * L.ldv);         // state, kv layout
+  L.KQ = take(2 * kChunk * static_cast<std::int64_t>(L.ldk));  // K rows [0, n), Q rows [n, 2n)
+  L.Kt = take(static_cast<std::int64_t>(s.dk) * L.ldc);        // K^T, later K^T diag(w)
+  L.KK = take(kChunk * L.ldc);                                 // K K^T (lower)
+  L.QK = take(kChunk * L.ldc);                                 // Q K^T (lower), then P
+  L.T = take(kChunk * L.ldc);                                  // Tu, then M
+  L.XO = take(2 * kChunk * static_cast<std::int64_t>(L.ldv));  // X rows [0, n), O rows [n, 2n)
+  L.Vn = take(kChunk * static_cast<std::int64_t>(L.ldv));
+  L.vec = take(kNumVec * kChunk);
+  L.total = at;
+  return L;
+}
+
+enum class Tri {
+  none,
+  k_lower,  // A is lower triangular (incl. diagonal) in (row, k); entries above it are zero
+  n_lower,  // only output columns j <= row are needed (others may be skipped or garbage)
+};
+
+// A 4-float SIMD value (one SSE register: the x86-64 baseline, no -march needed). GCC and Clang
+// compile vector-extension arithmetic straight to SIMD instructions; written as plain loops, GCC
+// vectorised the micro-kernel across k instead and ran ~4x slower.
+#if defined(__GNUC__) || defined(__clang__)
+typedef float Vec __attribute__((vector_size(16)));
+inline Vec vbroadcast(float x) { return Vec{x, x, x, x}; }
+#else
+struct Vec {
+  float x[4];
+  Vec& operator+=(const Vec& o) {
+    for (int i = 0; i < 4; ++i) x[i] += o.x[i];
+    return *this;
+  }
+  friend Vec operator*(const Vec& a, const Vec& b) {
+    Vec r;
+    for (int i = 0; i < 4; ++i) r.x[i] = a.x[i] * b.x[i];
+    return r;
+  }
+};
+inline Vec vbroadcast(float v) { return Vec{{v, v, v, v}}; }
+#endif
+inline Vec vload(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);  // unaligned load, no aliasing questions
+  return v;
+}
+inline void vstore(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+constexpr int kVecs = NR / 4;  // Vecs per row of a register block
+
+// C[m x ncols] = cs * C + diag(rs) * (A B)   (accumulate)   or   diag(rs) * (A B)   (overwrite).
+// A[i][k] = A[i*ars + k*acs]; B is row-major with ldb; ncols is a multiple of NR and B and C
+// have at least that many columns. rs == nullptr means all ones.
+// Register block: R rows x NR columns of C in R * kVecs accumulators (8 of 16 SSE registers).
+template <int R>
+inline void gemm_block(int kdim, const float* A, std::ptrdiff_t ars, std::ptrdiff_t acs,
+                       const float* B, std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc,
+                       const float* rs, float cs, bool accumulate) {
+  Vec acc[R][kVecs];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = vbroadcast(0.0f);
+  for (int kk = 0; kk < kdim; ++kk) {
+    const float* b = B + kk * ldb;
+    Vec bv[kVecs];
+    for (int v = 0; v < kVecs; ++v) bv[v] = vload(b + 4 * v);
+    for (int r = 0; r < R; ++r) {
+      const Vec a = vbroadcast(A[r * ars + kk * acs]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += a * bv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const Vec s = vbroadcast(rs ? rs[r] : 1.0f);
+    float* crow = C + r * ldc;
+    for (int v = 0; v < kVecs; ++v) {
+      Vec out = s * acc[r][v];
+      if (accumulate) out += vbroadcast(cs) * vload(crow + 4 * v);
+      vstore(crow + 4 * v, out);
+    }
+  }
+}
+
+void gemm(int m, int ncols, int kdim, const float* A, std::ptrdiff_t ars, std::ptrdiff_t acs,
+          const float* B, std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc, const float* rs,
+          float cs, bool accumulate, Tri tri) {
+  // Column panels outermost: a kdim x NR panel of B stays in L1 while every row block uses it.
+  for (int j0 = 0; j0 < ncols; j0 += NR) {
+    int i0 = 0;
+    for (; i0 + MR <= m; i0 += MR) {
+      if (tri == Tri::n_lower && j0 >= i0 + MR) continue;
+      const int kmax = tri == Tri::k_lower ? std::min(kdim, i0 + MR) : kdim;
+      gemm_block<MR>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+                     rs ? rs + i0 : nullptr, cs, accumulate);
+    }
+    for (; i0 < m; ++i0) {
+      if (tri == Tri::n_lower && j0 > i0) continue;
+      const int kmax = tri == Tri::k_lower ? std::min(kdim, i0 + 1) : kdim;
+      gemm_block<1>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+                    rs ? rs + i0 : nullptr, cs, accumulate);
+    }
+  }
+}
+
+// Converts `count` elements of a bf16/f16 row to float (dtype switch hoisted out of the loop).
+void load_row(const void* base, DType dtype, std::int64_t offset, int count, float* dst) {
+  const std::uint16_t* p = static_cast<const std::uint16_t*>(base) + offset;
+  if (dtype == DType::bf16) {
+    for (int i = 0; i < count; ++i) dst[i] = detail::bf16_to_float(p[i]);
+  } else {
+    for (int i = 0; i < count; ++i) dst[i] = detail::fp16_to_float(p[i]);
+  }
+}
+
+void store_row(void* base, DType dtype, std::int64_t offset, int count, const float* src) {
+  std::uint16_t* p = static_cast<std::uint16_t*>(base) + offset;
+  if (dtype == DType::bf16) {
+    for (int i = 0; i < count; ++i) p[i] = detail::float_to_bf16(src[i]);
+  } else {
+    for (int i = 0; i < count; ++i) p[i] = detail::float_to_fp16(src[i]);
+  }
+}
+
+// Flushes subnormal floats to zero on this thread while in scope (x86: MXCSR FTZ | DAZ). Under
+// strong decay exp(G) and its products fall below FLT_MIN, and x86 runs arithmetic on subnormals
+// through microcode assists: measured 4x slower overall. Flushing changes results by < 1e-38.
+class FlushSubnormals {
+ public:
+#if GDNKIT_HAS_MXCSR
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+struct Context {
+  const Problem& p;
+  const detail::Shape& s;
+  const Tensors& t;
+  Layout L;
+};
+
+// One (sequence, output head): walks the chunks in order, carrying the state in scratch.
+void run_item(const Context& ctx, std::int64_t seq, int head, float* ws) {
+  const Problem& p = ctx.p;
+  const detail::Shape& s = ctx.s;
+  const Tensors& t = ctx.t;
+  const Layout& L = ctx.L;
+  const int dk = s.dk, dv = s.dv, ldv = L.ldv, ldk = L.ldk, ldc = L.ldc, ncv = L.ncv;
+  const DType dt = p.qkv_dtype;
+  float* S = ws + L.S;
+  float* KQ = ws + L.KQ;
+  float* Kt = ws + L.Kt;
+  float* KK = ws + L.KK;
+  float* QK = ws + L.QK;
+  float* T = ws + L.T;
+  float* XO = ws + L.XO;
+  float* Vn = ws + L.Vn;
+  float* G = ws + L.vec;
+  float* gam = G + kChunk;
+  float* beta = gam + kChunk;
+  float* rsK = beta + kChunk;
+  float* rsQ = rsK + kChunk;
+  float* w = rsQ + kChunk;
+  float* erow = w + kChunk;
+
+  const std::int64_t state_off = (seq * s.H + head) * s.state_elems();
+  const bool vk = p.state_layout == StateLayout::vk;
+
+  // Initial state, read completely before anything is written (final_state may alias it).
+  std::memset(S, 0, sizeof(float) * static_cast<std::size_t>(dk) * ldv);
+  if (p.has_initial_state) {
+    const float* init = t.initial_state + state_off;
+    for (int i = 0; i < dk; ++i) {
+      float* row = S + static_cast<std::ptrdiff_t>(i) * ldv;
+      if (vk) {
+        for (int j = 0; j < dv; ++j) row[j] = init[static_cast<std::ptrdiff_t>(j) * dk + i];
+      } else {
+        std::memcpy(row, init + static_cast<std::ptrdiff_t>(i) * dv, sizeof(float) * dv);
+      }
+    }
+  }
+
+  const detail::SeqRange range = detail::host_seq_range(p, s, t.cu_seqlens, seq);
+  const int hq = s.q_head(head), hk = s.k_head(head), hv = s.v_head(head);
+  const float scale = s.scale;
+
+  for (std::int64_t c0 = range.begin; c0 < range.end; c0 += kChunk) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kChunk, range.end - c0));
+    const int ncn = static_cast<int>(round_up(n, NR));  // columns computed of the n x n products
+    float* Kc = KQ;
+    float* Qc = KQ + static_cast<std::ptrdiff_t>(n) * ldk;
+    float* X = XO;
+    float* O = XO + static_cast<std::ptrdiff_t>(n) * ldv;
+
+    // Load the chunk: K, Q rows; V rows into X (padding columns zero); gates and beta.
+    float Gsum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const std::int64_t tok = c0 + i;
+      load_row(t.k, dt, tok * s.k.token + hk * s.k.head, dk, Kc + static_cast<std::ptrdiff_t>(i) * ldk);
+      load_row(t.q, dt, tok * s.q.token + hq * s.q.head, dk, Qc + static_cast<std::ptrdiff_t>(i) * ldk);
+      float* xrow = X + static_cast<std::ptrdiff_t>(i) * ldv;
+      load_row(t.v, dt, tok * s.v.token + hv * s.v.head, dv, xrow);
+      for (int j = dv; j < ncv; ++j) xrow[j] = 0.0f;
+      float gi = 0.0f;
+      if (p.has_gate) {
+        const float x = t.g[tok * s.g.token + head * s.g.head];
+        gi = p.gate_space == GateSpace::log ? x : std::log(std::max(x, FLT_MIN));
+      }
+      Gsum += gi;
+      G[i] = Gsum;
+      gam[i] = std::exp(Gsum);
+      beta[i] = p.has_beta ? detail::load_as_float(t.beta, p.beta_dtype, tok * s.beta.token + head * s.beta.head)
+                           : 1.0f;
+      rsK[i] = -gam[i];
+      rsQ[i] = scale * gam[i];
+    }
+    // K^T (dk x kChunk); columns n.. are zero so the n x n products see no garbage.
+    for (int d = 0; d < dk; ++d) {
+      float* row = Kt + static_cast<std::ptrdiff_t>(d) * ldc;
+      for (int j = 0; j < n; ++j) row[j] = Kc[static_cast<std::ptrdiff_t>(j) * ldk + d];
+      for (int j = n; j < kChunk; ++j) row[j] = 0.0f;
+    }
+
+    // K K^T and Q K^T, lower triangles only.
+    gemm(n, ncn, dk, Kc, ldk, 1, Kt, ldc, KK, ldc, nullptr, 1.0f, false, Tri::n_lower);
+    gemm(n, ncn, dk, Qc, ldk, 1, Kt, ldc, QK, ldc, nullptr, 1.0f, false, Tri::n_lower);
+
+    // Tu by forward substitution, row i = e_i - sum_{m<i} beta_i (k_i . k_m) Tu_m; row m of Tu
+    // is zero beyond column m, so each update is a contiguous axpy of length m + 1.
+    for (int i = 0; i < n; ++i) {
+      float* ti = T + static_cast<std::ptrdiff_t>(i) * ldc;
+      for (int j = 0; j < kChunk; ++j) ti[j] = 0.0f;
+      ti[i] = 1.0f;
+      const float* kki = KK + static_cast<std::ptrdiff_t>(i) * ldc;
+      for (int m = 0; m < i; ++m) {
+        const float a = beta[i] * kki[m];
+        const float* tm = T + static_cast<std::ptrdiff_t>(m) * ldc;
+        for (int j = 0; j <= m; ++j) ti[j] -= a * tm[j];
+      }
+    }
+    // Only now (every row of Tu is final) the gated, beta-scaled M in place of Tu, and the output
+    // mixing matrix P in place of Q K^T; both zero above the diagonal, which k_lower relies on.
+    for (int i = 0; i < n; ++i) {
+      // exp(G_i - G_j), not gam_i / gam_j: gam_j underflows under strong decay.
+      for (int j = 0; j <= i; ++j) erow[j] = std::exp(G[i] - G[j]);
+      float* ti = T + static_cast<std::ptrdiff_t>(i) * ldc;
+      float* pi = QK + static_cast<std::ptrdiff_t>(i) * ldc;
+      for (int j = 0; j <= i; ++j) {
+        ti[j] *= erow[j] * beta[j];
+        pi[j] *= scale * erow[j];
+      }
+      for (int j = i + 1; j < kChunk; ++j) pi[j] = 0.0f;
+    }
+
+    // X = V - diag(gam) K S and O = diag(scale gam) Q S, both from the entering state.
+    gemm(n, ncv, dk, Kc, ldk, 1, S, ldv, X, ldv, rsK, 1.0f, true, Tri::none);
+    gemm(n, ncv, dk, Qc, ldk, 1, S, ldv, O, ldv, rsQ, 1.0f, false, Tri::none);
+    // Vn = M X;  O += P Vn.
+    gemm(n, ncv, n, T, ldc, 1, X, ldv, Vn, ldv, nullptr, 1.0f, false, Tri::k_lower);
+    gemm(n, ncv, n, QK, ldc, 1, Vn, ldv, O, ldv, nullptr, 1.0f, true, Tri::k_lower);
+
+    for (int i = 0; i < n; ++i)
+      store_row(t.o, dt, (c0 + i) * s.o.token + static_cast<std::int64_t>(head) * s.o.head, dv,
+                O + static_cast<std::ptrdiff_t>(i) * ldv);
+
+    // S = gam_n S + K^T diag(exp(G_n - G)) Vn.
+    for (int j = 0; j < n; ++j) w[j] = std::exp(G[n - 1] - G[j]);
+    for (int d = 0; d < dk; ++d) {
+      float* row = Kt + static_cast<std::ptrdiff_t>(d) * ldc;
+      for (int j = 0; j < n; ++j) row[j] *= w[j];
+    }
+    gemm(dk, ncv, n, Kt, ldc, 1, Vn, ldv, S, ldv, nullptr, gam[n - 1], true, Tri::none);
+  }
+
+  if (p.want_final_state) {
+    float* fin = t.final_state + state_off;
+    for (int i = 0; i < dk; ++i) {
+      const float* row = S + static_cast<std::ptrdiff_t>(i) * ldv;
+      if (vk) {
+        for (int j = 0; j < dv; ++j) fin[static_cast<std::ptrdiff_t>(j) * dk + i] = row[j];
+      } else {
+        std::memcpy(fin + static_cast<std::ptrdiff_t>(i) * dv, row, sizeof(float) * dv);
+      }
+    }
+  }
+}
+
+std::size_t slice_bytes(const detail::Shape& s) {
+  return static_cast<std::size_t>(make_layout(s).total) * sizeof(float);
+}
+
+std::size_t order_bytes(const detail::Shape& s) {
+  return static_cast<std::size_t>(round_up(s.N * static_cast<std::int64_t>(sizeof(std::int64_t)),
+                                           static_cast<std::int64_t>(kAlignBytes)));
+}
+
+}  // namespace
+
+Config plan(const Problem&, const detail::Shape& shape, const Options& options) {
+  if (options.cpu_threads < 0)
+    detail::fail(Error::Kind::invalid_value, "cpu_threads", "0 (all hardware threads) or a positive count",
+                 std::to_string(options.cpu_threads));
+  Config c;
+  c.threads = options.cpu_threads > 0 ? options.cpu_threads
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // More threads than (sequence, head) items would only cost workspace.
+  const std::int64_t items = shape.N * shape.H;
+  c.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(c.threads, items)));
+  return c;
+}
+
+std::size_t workspace_bytes(const detail::Shape& shape, const Config& config) {
+  // Slack for aligning the caller's pointer, the sequence order, one slice per thread.
+  return kAlignBytes + order_bytes(shape) + static_cast<std::size_t>(config.threads) * slice_bytes(shape);
+}
+
+void run(const Problem& problem, const detail::Shape& shape, const Config& config,
+         const Tensors& tensors, void* workspace) {
+  detail::check_cu_seqlens_host(problem, shape, tensors.cu_seqlens);
+  const std::int64_t items = shape.N * shape.H;
+  if (items == 0) return;
+
+  auto base = reinterpret_cast<std::uintptr_t>(workspace);
+  base = (base + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  auto* order = reinterpret_cast<std::int64_t*>(base);
+  auto* slices = reinterpret_cast<unsigned char*>(base + order_bytes(shape));
+  const std::size_t slice = slice_bytes(shape);
+
+  // Longest sequences first, so a long one does not start last and leave the other threads idle.
+  for (std::int64_t n = 0; n < shape.N; ++n) order[n] = n;
+  if (problem.has_cu_seqlens) {
+    auto len = [&](std::int64_t n) {
+      const detail::SeqRange r = detail::host_seq_range(problem, shape, tensors.cu_seqlens, n);
+      return r.end - r.begin;
+    };
+    // std::sort (unlike stable_sort) never allocates; ties keep index order for determinism.
+    std::sort(order, order + shape.N, [&](std::int64_t a, std::int64_t b) {
+      const std::int64_t la = len(a), lb = len(b);
+      return la != lb ? la > lb : a < b;
+    });
+  }
+
+  const Context ctx{problem, shape, tensors, make_layout(shape)};
+  std::atomic<std::int64_t> next{0};
+  auto worker = [&](int tid) {
+    const FlushSubnormals flush;  // restores the caller's mode when worker(0) returns
+    float* ws = reinterpret_cast<float*>(slices + static_cast<std::size_t>(tid) * slice);
+    for (;;) {
+      const std::int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= items) break;
+      run_item(ctx, order[i / shape.H], static_cast<int>(i % shape.H), ws);
+    }
+  };
+
+  const int threads = static_cast<int>(std::min<std::int64_t>(config.threads, items));
+  std::vector<std::thread> pool;
+  if (threads > 1) {
+    try {
+      pool.reserve(static_cast<std::size_t>(threads - 1));
+      for (int tid = 1; tid < threads; ++tid) pool.emplace_back(worker, tid);
+    } catch (const std::exception&) {
+      // Could not start every thread: the ones running (and this one) take all the items.
+    }
+  }
+  worker(0);
+  for (std::thread& th : pool) th.join();
+}
+
+}  // namespace gdnkit::cpu

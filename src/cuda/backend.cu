@@ -1,0 +1,204 @@
+// CUDA backend: planning (device properties read once, kernel chosen, shared memory opted in) and
+// launch. The kernel itself is in chunked_kernel.cuh, its instantiations in chunked_launch.cu.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "cuda/backend.h"
+#include "cuda/chunked.h"
+
+namespace gdnkit::cuda {
+
+namespace {
+
+using detail::fail;
+using K = Error::Kind;
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(Error::Kind::cuda, what, std::string(what) + ": CUDA error " + cudaGetErrorName(err) + ": " +
+                                             cudaGetErrorString(err));
+}
+
+// q/k/v/o rows are moved with 16-byte vectors: 8 elements of bf16/f16. A stride only matters when
+// its dimension has more than one entry.
+void check_vector_strides(const char* name, const Strides& s, std::int64_t tokens, int heads) {
+  const std::string expected = "a multiple of 8 elements (16-byte vector access in the CUDA backend)";
+  if (tokens > 1 && s.token % 8 != 0) fail(K::invalid_value, std::string(name) + ".token stride", expected, str(s.token));
+  if (heads > 1 && s.head % 8 != 0) fail(K::invalid_value, std::string(name) + ".head stride", expected, str(s.head));
+}
+
+void check_aligned(const char* name, const void* ptr) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (addr % 16 != 0) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%p", ptr);
+    fail(K::invalid_value, name, "a 16-byte aligned pointer (16-byte vector access in the CUDA backend)", got);
+  }
+}
+
+int attribute(cudaDeviceAttr attr, int device, const char* what) {
+  int value = 0;
+  check(cudaDeviceGetAttribute(&value, attr, device), what);
+  return value;
+}
+
+}  // namespace
+
+bool device_available() noexcept {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return false;
+  }
+  return count > 0;
+}
+
+Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
+  if (!device_available()) fail(K::unsupported, "memory", "a usable CUDA device for Memory::cuda", "none");
+  if (s.dk != 64 && s.dk != 128) fail(K::unsupported, "head_dim_k", "64 or 128 for the CUDA backend", str(s.dk));
+  if (s.dv != 64 && s.dv != 128) fail(K::unsupported, "head_dim_v", "64 or 128 for the CUDA backend", str(s.dv));
+  if (s.H > 65535) fail(K::unsupported, "heads", "at most 65535 output heads for the CUDA backend", str(s.H));
+  check_vector_strides("q", s.q, s.T, s.Hq);
+  check_vector_strides("k", s.k, s.T, s.Hk);
+  check_vector_strides("v", s.v, s.T, s.Hv);
+  check_vector_strides("o", s.o, s.T, s.H);
+
+  Config c;
+  const cudaError_t dev_err = cudaGetDevice(&c.device);
+  if (dev_err != cudaSuccess) {
+    cudaGetLastError();
+    fail(K::unsupported, "memory", "a usable CUDA device for Memory::cuda",
+         std::string(cudaGetErrorName(dev_err)) + " (" + cudaGetErrorString(dev_err) + ")");
+  }
+  c.cc_major = attribute(cudaDevAttrComputeCapabilityMajor, c.device, "cudaDeviceGetAttribute");
+  c.cc_minor = attribute(cudaDevAttrComputeCapabilityMinor, c.device, "cudaDeviceGetAttribute");
+  c.sm_count = attribute(cudaDevAttrMultiProcessorCount, c.device, "cudaDeviceGetAttribute");
+  const int smem_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device, "cudaDeviceGetAttribute");
+  if (c.cc_major < 8)
+    fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
+         str(c.cc_major) + "." + str(c.cc_minor));
+
+  // Value-column block: the largest one that still gives about two CTAs per SM, else 32 (more,
+  // smaller CTAs when there are few (sequence, head) walks). A block must fit in shared memory.
+  const std::int64_t walks = s.N * s.H;
+  const ChunkedKernel* kernel = nullptr;
+  for (int dvb : {64, 32}) {
+    const ChunkedKernel* k = find_chunked_kernel(problem.qkv_dtype, s.dk, dvb);
+    if (k == nullptr || s.dv % dvb != 0 || k->smem_bytes > static_cast<std::size_t>(smem_optin)) continue;
+    kernel = k;
+    if (walks * (s.dv / dvb) >= 2LL * c.sm_count) break;
+  }
+  if (kernel == nullptr) {
+    const ChunkedKernel* smallest = find_chunked_kernel(problem.qkv_dtype, s.dk, 32);
+    fail(K::unsupported, "device",
+         "at least " + str(smallest ? static_cast<std::int64_t>(smallest->smem_bytes) : 0) +
+             " bytes of shared memory per block for the CUDA backend",
+         str(smem_optin));
+  }
+
+  // The default build has kernel images for sm_80 (runs on 8.x) and sm_90a (runs on 9.0 only). An
+  // image compiled for a virtual architecture below 8.0 holds only a trap (bf16 wmma needs sm_80).
+  cudaFuncAttributes attrs{};
+  const cudaError_t img_err = cudaFuncGetAttributes(&attrs, kernel->func);
+  if (img_err != cudaSuccess || attrs.ptxVersion < 80) {
+    cudaGetLastError();
+    fail(K::unsupported, "device", "a GPU this build has sm_80+ kernels for (default build: sm_80 family, sm_90a)",
+         "sm_" + str(c.cc_major) + str(c.cc_minor) +
+             (img_err != cudaSuccess ? std::string(" (") + cudaGetErrorName(img_err) + ")"
+                                     : " (image for compute_" + str(attrs.ptxVersion) + ")"));
+  }
+  check(cudaFuncSetAttribute(kernel->func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kernel->smem_bytes)),
+        "cudaFuncSetAttribute");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, kernel->func, kThreads, kernel->smem_bytes),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+
+  c.chunked = kernel;
+  c.kernel = kernel->name;
+  c.dvb = kernel->dvb;
+  c.smem_bytes = kernel->smem_bytes;
+  c.workspace = 0;
+  return c;
+}
+
+void run(const Problem& problem, const detail::Shape& s, const Config& c, const Tensors& t, void*, Stream stream) {
+  int device = -1;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (device != c.device)
+    throw Error(K::invalid_value, "device",
+                "device: expected the plan's device " + str(c.device) + " to be current (cudaSetDevice(" +
+                    str(c.device) + ") before run), got device " + str(device));
+  if (s.T > 0) {
+    check_aligned("q", t.q);
+    check_aligned("k", t.k);
+    check_aligned("v", t.v);
+    check_aligned("o", t.o);
+  }
+  // Nothing to compute and nothing to write.
+  if (s.T == 0 && !problem.want_final_state) return;
+
+  ChunkedParams p;
+  p.q = t.q;
+  p.k = t.k;
+  p.v = t.v;
+  p.g = t.g;
+  p.beta = t.beta;
+  p.cu_seqlens = t.cu_seqlens;
+  p.initial_state = t.initial_state;
+  p.o = t.o;
+  p.final_state = t.final_state;
+  p.q_token = s.q.token;
+  p.q_head = s.q.head;
+  p.k_token = s.k.token;
+  p.k_head = s.k.head;
+  p.v_token = s.v.token;
+  p.v_head = s.v.head;
+  p.o_token = s.o.token;
+  p.o_head = s.o.head;
+  p.g_token = s.g.token;
+  p.g_head = s.g.head;
+  p.beta_token = s.beta.token;
+  p.beta_head = s.beta.head;
+  p.num_seqs = s.N;
+  p.uniform_len = s.uniform_len;
+  p.num_heads = s.H;
+  p.q_group = s.q_group;
+  p.k_group = s.k_group;
+  p.v_group = s.v_group;
+  p.dv = s.dv;
+  p.scale = s.scale;
+  p.has_cu_seqlens = problem.has_cu_seqlens;
+  p.cu_seqlens_i64 = problem.cu_seqlens_dtype == DType::i64;
+  p.has_gate = problem.has_gate;
+  p.gate_linear = problem.gate_space == GateSpace::linear;
+  p.has_beta = problem.has_beta;
+  p.beta_dtype = problem.beta_dtype == DType::bf16 ? kBetaBF16 : problem.beta_dtype == DType::f16 ? kBetaF16 : kBetaF32;
+  p.has_initial_state = problem.has_initial_state;
+  p.want_final_state = problem.want_final_state;
+  p.state_vk = problem.state_layout == StateLayout::vk;
+
+  // blockIdx.z strides over sequences, so N above the grid limit still works.
+  const dim3 grid(static_cast<unsigned>(s.dv / c.dvb), static_cast<unsigned>(s.H),
+                  static_cast<unsigned>(std::min<std::int64_t>(s.N, 65535)));
+  const cudaError_t err = c.chunked->launch(p, grid, c.smem_bytes, reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is reported by the exception
+    throw Error(K::cuda, "launch",
+                std::string("launch: ") + c.kernel + " failed: CUDA error " + cudaGetErrorName(err) + ": " +
+                    cudaGetErrorString(err));
+  }
+}
+
+void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+}  // namespace gdnkit::cuda

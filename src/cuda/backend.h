@@ -1,0 +1,38 @@
+// CUDA backend entry points, called by the planner. Everything here is host code; kernels live
+// in the .cu files beside it.
+#pragma once
+
+#include <cstddef>
+
+#include "common/shape.h"
+
+namespace gdnkit::cuda {
+
+struct ChunkedKernel;  // chunked.h: one compiled instantiation of the fused kernel
+
+// Launch configuration fixed at plan time (device properties are read here, once).
+struct Config {
+  int device = 0;
+  int sm_count = 0;
+  int cc_major = 0, cc_minor = 0;
+  const char* kernel = "none";
+  std::size_t workspace = 0;
+  const ChunkedKernel* chunked = nullptr;  // the instantiation run() launches
+  int dvb = 0;                             // value columns per CTA
+  std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
+  int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
+};
+
+// True when a usable CUDA device is present (no exception).
+bool device_available() noexcept;
+
+// Throws Error(unsupported) when the current device or the build cannot run the problem.
+Config plan(const Problem& problem, const detail::Shape& shape, const Options& options);
+
+void run(const Problem& problem, const detail::Shape& shape, const Config& config,
+         const Tensors& tensors, void* workspace, Stream stream);
+
+// Copies device memory to the host on stream and waits (used only by Plan::validate).
+void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream);
+
+}  // namespace gdnkit::cuda

@@ -1,0 +1,319 @@
+// Host planning: metadata checks, defaults, backend choice. No kernel code here.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "common/half.h"
+#include "common/shape.h"
+#include "cpu/backend.h"
+#include "cuda/backend.h"
+#include "gdnkit/gdnkit.h"
+
+namespace gdnkit {
+
+using detail::fail;
+using detail::Shape;
+
+namespace detail {
+
+void fail(Error::Kind kind, const std::string& argument, const std::string& expected,
+          const std::string& got) {
+  throw Error(kind, argument, argument + ": expected " + expected + ", got " + got);
+}
+
+namespace {
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+// Resolves the strides of a [T, heads, dim] tensor; checks they are positive.
+Strides resolve_strides(const char* name, Strides s, int heads, int dim) {
+  if (s.head == 0) s.head = dim;
+  if (s.token == 0) s.token = static_cast<std::int64_t>(heads) * s.head;
+  if (s.head < 0) fail(Error::Kind::invalid_value, std::string(name) + ".head stride", "a positive stride", str(s.head));
+  if (s.token < 0) fail(Error::Kind::invalid_value, std::string(name) + ".token stride", "a positive stride", str(s.token));
+  return s;
+}
+
+// An output must not write one element twice: the two strided dimensions, inner one first,
+// must each step past everything the inner one covers.
+void check_no_overlap(const char* name, Strides s, std::int64_t tokens, int heads, int dim) {
+  struct Dim { std::int64_t stride, extent; const char* what; };
+  Dim a{s.head, heads, "head"}, b{s.token, tokens, "token"};
+  if (a.extent <= 1) a.stride = std::max<std::int64_t>(a.stride, dim);
+  if (b.extent <= 1) b.stride = std::max<std::int64_t>(b.stride, dim);
+  if (a.stride > b.stride) std::swap(a, b);
+  if (a.stride < dim)
+    fail(Error::Kind::invalid_value, std::string(name) + "." + a.what + " stride",
+         "at least the head dim " + str(dim) + " (rows must not overlap)", str(a.stride));
+  if (b.stride < a.stride * a.extent)
+    fail(Error::Kind::invalid_value, std::string(name) + "." + b.what + " stride",
+         "at least " + str(a.stride * a.extent) + " (rows must not overlap)", str(b.stride));
+}
+
+}  // namespace
+
+Shape resolve_shape(const Problem& p) {
+  using K = Error::Kind;
+  Shape s;
+  if (p.total_tokens < 0) fail(K::invalid_value, "total_tokens", "T >= 0", str(p.total_tokens));
+  if (p.num_seqs < 1) fail(K::invalid_value, "num_seqs", "N >= 1", str(p.num_seqs));
+  if (p.num_q_heads < 1) fail(K::invalid_value, "q", "at least 1 head", str(p.num_q_heads));
+  if (p.num_k_heads < 1) fail(K::invalid_value, "k", "at least 1 head", str(p.num_k_heads));
+  if (p.num_v_heads < 1) fail(K::invalid_value, "v", "at least 1 head", str(p.num_v_heads));
+  const int Hq = p.num_q_heads, Hk = p.num_k_heads, Hv = p.num_v_heads;
+  if (Hv >= Hq) {  // MHA or GVA: q and k heads are shared by groups of value heads
+    const char* mode = Hv == Hq ? "MHA" : "GVA";
+    if (Hk != Hq)
+      fail(K::invalid_value, "k",
+           std::to_string(Hq) + " heads for " + mode + " with Hq=" + std::to_string(Hq), str(Hk));
+    if (Hv % Hq != 0)
+      fail(K::invalid_value, "v", "a multiple of Hq=" + std::to_string(Hq) + " heads for GVA", str(Hv));
+    s.H = Hv;
+    s.q_group = s.k_group = Hv / Hq;
+    s.v_group = 1;
+  } else {  // GQA: k and v heads are shared by groups of q heads
+    if (Hk != Hv)
+      fail(K::invalid_value, "k",
+           std::to_string(Hv) + " heads for GQA with Hv=" + std::to_string(Hv), str(Hk));
+    if (Hq % Hv != 0)
+      fail(K::invalid_value, "q", "a multiple of Hv=" + std::to_string(Hv) + " heads for GQA", str(Hq));
+    s.H = Hq;
+    s.q_group = 1;
+    s.k_group = s.v_group = Hq / Hv;
+  }
+  s.Hq = Hq;
+  s.Hk = Hk;
+  s.Hv = Hv;
+  if (p.head_dim_k < 16 || p.head_dim_k > 256)
+    fail(K::invalid_value, "head_dim_k", "16..256", str(p.head_dim_k));
+  if (p.head_dim_v < 16 || p.head_dim_v > 256)
+    fail(K::invalid_value, "head_dim_v", "16..256", str(p.head_dim_v));
+  s.dk = p.head_dim_k;
+  s.dv = p.head_dim_v;
+  s.T = p.total_tokens;
+  s.N = p.num_seqs;
+
+  if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16)
+    fail(K::invalid_type, "q", "dtype bf16 or f16 (shared by q, k, v, o)", to_string(p.qkv_dtype));
+  if (p.has_beta && p.beta_dtype != DType::f32 && p.beta_dtype != DType::bf16 && p.beta_dtype != DType::f16)
+    fail(K::invalid_type, "beta", "dtype f32, bf16 or f16", to_string(p.beta_dtype));
+  if (p.has_cu_seqlens) {
+    if (p.cu_seqlens_dtype != DType::i32 && p.cu_seqlens_dtype != DType::i64)
+      fail(K::invalid_type, "cu_seqlens", "dtype i32 or i64", to_string(p.cu_seqlens_dtype));
+    if (p.cu_seqlens_dtype == DType::i32 && p.total_tokens > INT32_MAX)
+      fail(K::invalid_value, "cu_seqlens", "dtype i64 for T > 2^31-1", "i32");
+  } else {
+    if (p.total_tokens % p.num_seqs != 0)
+      fail(K::invalid_value, "total_tokens",
+           "a multiple of num_seqs=" + str(p.num_seqs) + " without cu_seqlens", str(p.total_tokens));
+    s.uniform_len = p.total_tokens / p.num_seqs;
+  }
+
+  s.q = resolve_strides("q", p.q, Hq, s.dk);
+  s.k = resolve_strides("k", p.k, Hk, s.dk);
+  s.v = resolve_strides("v", p.v, Hv, s.dv);
+  s.o = resolve_strides("o", p.o, s.H, s.dv);
+  s.g = resolve_strides("g", p.g, s.H, 1);
+  s.beta = resolve_strides("beta", p.beta, s.H, 1);
+  check_no_overlap("o", s.o, s.T, s.H, s.dv);
+
+  if (p.scale) {
+    if (!std::isfinite(*p.scale)) fail(K::invalid_value, "scale", "a finite number", std::to_string(*p.scale));
+    s.scale = *p.scale;
+  } else {
+    s.scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
+  }
+  return s;
+}
+
+SeqRange host_seq_range(const Problem& p, const Shape& s, const void* cu, std::int64_t n) {
+  if (!p.has_cu_seqlens) return {n * s.uniform_len, (n + 1) * s.uniform_len};
+  return {load_index(cu, p.cu_seqlens_dtype, n), load_index(cu, p.cu_seqlens_dtype, n + 1)};
+}
+
+void check_cu_seqlens_host(const Problem& p, const Shape& s, const void* cu) {
+  if (!p.has_cu_seqlens) return;
+  const std::int64_t first = load_index(cu, p.cu_seqlens_dtype, 0);
+  if (first != 0) fail(Error::Kind::invalid_value, "cu_seqlens[0]", "0", str(first));
+  std::int64_t prev = 0;
+  for (std::int64_t n = 1; n <= s.N; ++n) {
+    const std::int64_t x = load_index(cu, p.cu_seqlens_dtype, n);
+    if (x < prev)
+      fail(Error::Kind::invalid_value, "cu_seqlens[" + str(n) + "]",
+           "a non-decreasing value >= " + str(prev), str(x));
+    prev = x;
+  }
+  if (prev != s.T)
+    fail(Error::Kind::invalid_value, "cu_seqlens[" + str(s.N) + "]", "total_tokens=" + str(s.T), str(prev));
+}
+
+}  // namespace detail
+
+struct PlanImpl {
+  Problem problem;
+  Options options;
+  Shape shape;
+  Backend backend = Backend::cpu;
+  cpu::Config cpu;
+  cuda::Config cuda;
+  std::size_t workspace = 0;
+};
+
+Plan Plan::create(const Problem& problem, const Options& options) {
+  auto impl = std::make_unique<PlanImpl>();
+  impl->problem = problem;
+  impl->options = options;
+  impl->shape = detail::resolve_shape(problem);
+  if (problem.memory == Memory::host) {
+    if (options.backend == Backend::cuda)
+      fail(Error::Kind::unsupported, "backend", "cpu or automatic for host memory", "cuda");
+    impl->backend = Backend::cpu;
+    impl->cpu = cpu::plan(problem, impl->shape, options);
+    impl->workspace = cpu::workspace_bytes(impl->shape, impl->cpu);
+  } else {
+    if (options.backend == Backend::cpu)
+      fail(Error::Kind::unsupported, "backend", "cuda or automatic for CUDA memory", "cpu");
+    impl->backend = Backend::cuda;
+    impl->cuda = cuda::plan(problem, impl->shape, options);
+    impl->workspace = impl->cuda.workspace;
+  }
+  return Plan(impl.release());
+}
+
+Plan::Plan(PlanImpl* impl) : impl_(impl) {}
+Plan::Plan(const Plan& other) : impl_(new PlanImpl(*other.impl_)) {}
+Plan& Plan::operator=(const Plan& other) {
+  if (this != &other) *impl_ = *other.impl_;
+  return *this;
+}
+Plan::Plan(Plan&& other) noexcept : impl_(other.impl_) { other.impl_ = nullptr; }
+Plan& Plan::operator=(Plan&& other) noexcept {
+  std::swap(impl_, other.impl_);
+  return *this;
+}
+Plan::~Plan() { delete impl_; }
+
+const Problem& Plan::problem() const noexcept { return impl_->problem; }
+Backend Plan::backend() const noexcept { return impl_->backend; }
+const char* Plan::kernel_name() const noexcept {
+  return impl_->backend == Backend::cpu ? "cpu-chunked-fp32" : impl_->cuda.kernel;
+}
+std::size_t Plan::workspace_bytes() const noexcept { return impl_->workspace; }
+int Plan::num_output_heads() const noexcept { return impl_->shape.H; }
+float Plan::scale() const noexcept { return impl_->shape.scale; }
+
+namespace {
+
+void require(const void* ptr, const char* name, const char* why) {
+  if (ptr == nullptr) fail(Error::Kind::invalid_value, name, std::string("a pointer (") + why + ")", "null");
+}
+
+void check_pointers(const Problem& p, const Tensors& t) {
+  if (p.total_tokens > 0) {
+    require(t.q, "q", "T > 0");
+    require(t.k, "k", "T > 0");
+    require(t.v, "v", "T > 0");
+    require(t.o, "o", "T > 0");
+    if (p.has_gate) require(t.g, "g", "has_gate");
+    if (p.has_beta) require(t.beta, "beta", "has_beta");
+  }
+  if (p.has_cu_seqlens) require(t.cu_seqlens, "cu_seqlens", "has_cu_seqlens");
+  if (p.has_initial_state) require(t.initial_state, "initial_state", "has_initial_state");
+  if (p.want_final_state) require(t.final_state, "final_state", "want_final_state");
+}
+
+}  // namespace
+
+void Plan::run(const Tensors& t, void* workspace, std::size_t bytes, Stream stream) const {
+  const PlanImpl& P = *impl_;
+  check_pointers(P.problem, t);
+  if (bytes < P.workspace)
+    fail(Error::Kind::invalid_value, "workspace_bytes", "at least " + std::to_string(P.workspace),
+         std::to_string(bytes));
+  if (P.workspace > 0 && workspace == nullptr)
+    fail(Error::Kind::invalid_value, "workspace", "a pointer (workspace_bytes() > 0)", "null");
+  if (P.backend == Backend::cpu)
+    cpu::run(P.problem, P.shape, P.cpu, t, workspace);
+  else
+    cuda::run(P.problem, P.shape, P.cuda, t, workspace, stream);
+}
+
+void Plan::validate(const Tensors& t, Stream stream) const {
+  const PlanImpl& P = *impl_;
+  const Problem& p = P.problem;
+  const Shape& s = P.shape;
+  check_pointers(p, t);
+  // Host copies of what has to be looked at (only for device memory).
+  std::vector<unsigned char> cu_copy;
+  std::vector<float> g_rows;
+  const void* cu = t.cu_seqlens;
+  const std::size_t cu_bytes = static_cast<std::size_t>(s.N + 1) * dtype_size(p.cu_seqlens_dtype);
+  if (p.memory == Memory::cuda && p.has_cu_seqlens) {
+    cu_copy.resize(cu_bytes);
+    cuda::copy_to_host(cu_copy.data(), t.cu_seqlens, cu_bytes, stream);
+    cu = cu_copy.data();
+  }
+  detail::check_cu_seqlens_host(p, s, cu);
+  if (!p.has_gate || s.T == 0) return;
+  // Gates: read the strided [T, H] view; copy the covering span for device memory.
+  const std::int64_t span = (s.T - 1) * s.g.token + (s.H - 1) * s.g.head + 1;
+  const float* g = t.g;
+  if (p.memory == Memory::cuda) {
+    g_rows.resize(static_cast<std::size_t>(span));
+    cuda::copy_to_host(g_rows.data(), t.g, static_cast<std::size_t>(span) * sizeof(float), stream);
+    g = g_rows.data();
+  }
+  for (std::int64_t i = 0; i < s.T; ++i)
+    for (int h = 0; h < s.H; ++h) {
+      const float x = g[i * s.g.token + h * s.g.head];
+      const bool ok = p.gate_space == GateSpace::log ? std::isfinite(x) : (std::isfinite(x) && x >= 0.0f);
+      if (!ok) {
+        std::ostringstream where;
+        where << "g[" << i << ", " << h << "]";
+        fail(Error::Kind::invalid_value, where.str(),
+             p.gate_space == GateSpace::log ? "a finite log-space gate" : "a finite linear gate >= 0",
+             std::to_string(x));
+      }
+    }
+}
+
+const char* to_string(DType d) noexcept {
+  switch (d) {
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+const char* to_string(Backend b) noexcept {
+  switch (b) {
+    case Backend::automatic: return "automatic";
+    case Backend::cpu: return "cpu";
+    case Backend::cuda: return "cuda";
+  }
+  return "?";
+}
+
+const char* to_string(GateSpace g) noexcept { return g == GateSpace::log ? "log" : "linear"; }
+const char* to_string(StateLayout l) noexcept { return l == StateLayout::kv ? "kv" : "vk"; }
+
+std::size_t dtype_size(DType d) noexcept {
+  switch (d) {
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+bool cuda_available() noexcept { return cuda::device_available(); }
+
+}  // namespace gdnkit

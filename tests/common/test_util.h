@@ -1,0 +1,496 @@
+// Shared test helpers: a random host problem with buffers for every tensor (strided, with guard
+// elements around every output), realistic or hard input values, the fp64 oracle over every
+// (sequence, head), and a comparison that checks every output element was written, nothing else
+// was, and reports relative L2 errors. Header-only, no GoogleTest dependency, so CPU and GPU
+// suites (and tools) can share it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "common/shape.h"
+#include "gdnkit/gdnkit.h"
+#include "gdnkit/reference.h"
+
+namespace gdnkit::test {
+
+// What the input values look like.
+enum class Inputs {
+  realistic,  // q, k L2-normalised per head; v ~ randn; g = logsigmoid(randn); beta = sigmoid(randn)
+  hard,       // as realistic, but g in (-1e-3, 0] (almost no decay) and beta in [0.99, 1]
+};
+
+// Everything that describes one test case. Defaults: MHA, 2 heads, 64/64, bf16, packed.
+struct Spec {
+  std::vector<std::int64_t> lens{100};  // sequence lengths (all equal when !cu_seqlens)
+  bool cu_seqlens = true;                // false: the uniform [B, L] mode
+  int Hq = 2, Hk = 2, Hv = 2;
+  int dk = 64, dv = 64;
+  DType qkv = DType::bf16;
+  DType beta_dtype = DType::f32;
+  DType cu_dtype = DType::i32;
+  bool has_gate = true, has_beta = true, initial_state = false, final_state = true;
+  GateSpace gate_space = GateSpace::log;
+  StateLayout layout = StateLayout::kv;
+  bool in_place = false;  // final_state is the initial_state buffer
+  std::optional<float> scale;
+  // Input layout: q/k/v as slices of one fused [T, Hq*dk + Hk*dk + Hv*dv] buffer, and padding
+  // (filled with NaN, so a misplaced read shows) between heads and at the end of each token row.
+  bool fused_qkv = false;
+  int in_head_pad = 0, in_token_pad = 0;  // q, k, v, g, beta
+  int o_head_pad = 0, o_token_pad = 0;
+  Inputs inputs = Inputs::realistic;
+  std::uint64_t seed = 1;
+
+  int H() const { return std::max(Hq, Hv); }
+  std::int64_t T() const {
+    std::int64_t t = 0;
+    for (auto l : lens) t += l;
+    return t;
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    s << "seed=" << seed << " N=" << lens.size() << " T=" << T() << " lens=[";
+    for (std::size_t i = 0; i < lens.size() && i < 12; ++i) s << (i ? "," : "") << lens[i];
+    if (lens.size() > 12) s << ",...";
+    s << "] cu_seqlens=" << (cu_seqlens ? to_string(cu_dtype) : "none") << " heads=" << Hq << "/" << Hk << "/"
+      << Hv << " dk=" << dk << " dv=" << dv << " qkv=" << to_string(qkv) << " beta=" << to_string(beta_dtype)
+      << " gate=" << has_gate << "(" << to_string(gate_space) << ") has_beta=" << has_beta
+      << " init=" << initial_state << " final=" << final_state << " layout=" << to_string(layout)
+      << " in_place=" << in_place << " fused=" << fused_qkv << " in_pad=" << in_head_pad << "/" << in_token_pad
+      << " o_pad=" << o_head_pad << "/" << o_token_pad << " inputs=" << (inputs == Inputs::hard ? "hard" : "realistic");
+    if (scale) s << " scale=" << *scale;
+    return s.str();
+  }
+};
+
+// A buffer with `kGuard` sentinel elements before and after the payload.
+template <typename T>
+struct Guarded {
+  static constexpr std::size_t kGuard = 64;
+  std::vector<T> buf;
+  std::size_t n = 0;
+  T sentinel{};
+
+  void init(std::size_t count, T fill) {
+    n = count;
+    sentinel = fill;
+    buf.assign(count + 2 * kGuard, fill);
+  }
+  T* data() { return buf.data() + kGuard; }
+  const T* data() const { return buf.data() + kGuard; }
+  bool guards_intact() const {
+    for (std::size_t i = 0; i < kGuard; ++i)
+      if (!same_bits(buf[i], sentinel) || !same_bits(buf[kGuard + n + i], sentinel)) return false;
+    return true;
+  }
+  static bool same_bits(const T& a, const T& b) { return std::memcmp(&a, &b, sizeof(T)) == 0; }
+};
+
+inline float bits_to_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Bit patterns: poison marks elements that must be written (a quiet NaN with a payload no
+// arithmetic produces); sentinel marks elements that must not be.
+constexpr std::uint16_t kPoison16 = 0x7fa5;  // NaN as bf16 and as f16
+constexpr std::uint32_t kPoison32 = 0x7fc0a5a5u;
+constexpr std::uint16_t kSentinel16 = 0x5a3c;
+constexpr std::uint32_t kSentinel32 = 0x4b5a3c1eu;
+constexpr std::uint16_t kNaN16 = 0x7fc0;  // bf16 NaN, also NaN as f16
+
+// A host problem and all its buffers.
+struct Case {
+  Spec spec;
+  Problem problem;
+  detail::Shape shape;
+  std::vector<std::int64_t> starts;  // N + 1 prefix sums of spec.lens
+
+  std::vector<std::uint16_t> qkv;  // q, k and v (one region each, or interleaved when fused)
+  std::int64_t q_off = 0, k_off = 0, v_off = 0;
+  std::vector<float> g;
+  std::vector<float> beta32;
+  std::vector<std::uint16_t> beta16;
+  std::vector<std::int32_t> cu32;
+  std::vector<std::int64_t> cu64;
+  Guarded<float> init;  // initial state (also the final state when in_place)
+  Guarded<std::uint16_t> o;
+  Guarded<float> fin;
+
+  std::int64_t N() const { return static_cast<std::int64_t>(spec.lens.size()); }
+  std::int64_t state_elems() const { return N() * shape.H * shape.state_elems(); }
+
+  Tensors tensors() {
+    Tensors t;
+    t.q = qkv.data() + q_off;
+    t.k = qkv.data() + k_off;
+    t.v = qkv.data() + v_off;
+    t.g = spec.has_gate ? g.data() : nullptr;
+    t.beta = !spec.has_beta ? nullptr
+             : spec.beta_dtype == DType::f32 ? static_cast<const void*>(beta32.data())
+                                             : static_cast<const void*>(beta16.data());
+    t.cu_seqlens = !spec.cu_seqlens ? nullptr
+                   : spec.cu_dtype == DType::i64 ? static_cast<const void*>(cu64.data())
+                                                 : static_cast<const void*>(cu32.data());
+    t.initial_state = spec.initial_state ? init.data() : nullptr;
+    t.o = o.data();
+    t.final_state = !spec.final_state ? nullptr : spec.in_place ? init.data() : fin.data();
+    return t;
+  }
+
+  // Offsets of the elements every output must have written.
+  template <typename F>
+  void for_each_o(F&& f) const {
+    for (std::int64_t t = 0; t < shape.T; ++t)
+      for (int h = 0; h < shape.H; ++h)
+        for (int d = 0; d < shape.dv; ++d) f(t, h, d, t * shape.o.token + h * shape.o.head + d);
+  }
+
+  // Marks every element the run must write with poison (everything else holds the sentinel).
+  void poison_outputs() {
+    std::fill(o.buf.begin(), o.buf.end(), kSentinel16);
+    for_each_o([&](std::int64_t, int, int, std::int64_t i) { o.data()[i] = kPoison16; });
+    if (spec.final_state && !spec.in_place) {
+      std::fill(fin.buf.begin(), fin.buf.end(), bits_to_float(kSentinel32));
+      for (std::int64_t i = 0; i < state_elems(); ++i) fin.data()[i] = bits_to_float(kPoison32);
+    }
+  }
+};
+
+// Allocates the buffers of a spec (values: inputs zero, input padding NaN, outputs poisoned).
+inline Case make_case(const Spec& spec) {
+  Case c;
+  c.spec = spec;
+  Problem& p = c.problem;
+  const std::int64_t T = spec.T();
+  const std::int64_t N = static_cast<std::int64_t>(spec.lens.size());
+  p.total_tokens = T;
+  p.num_seqs = N;
+  p.num_q_heads = spec.Hq;
+  p.num_k_heads = spec.Hk;
+  p.num_v_heads = spec.Hv;
+  p.head_dim_k = spec.dk;
+  p.head_dim_v = spec.dv;
+  p.qkv_dtype = spec.qkv;
+  p.beta_dtype = spec.beta_dtype;
+  p.cu_seqlens_dtype = spec.cu_dtype;
+  p.has_cu_seqlens = spec.cu_seqlens;
+  p.scale = spec.scale;
+  p.has_gate = spec.has_gate;
+  p.has_beta = spec.has_beta;
+  p.has_initial_state = spec.initial_state;
+  p.want_final_state = spec.final_state;
+  p.gate_space = spec.gate_space;
+  p.state_layout = spec.layout;
+  p.memory = Memory::host;
+  const int H = spec.H(), hp = spec.in_head_pad, tp = spec.in_token_pad;
+
+  // q, k, v: head stride dim + pad; fused: one row holds all three.
+  const std::int64_t qw = static_cast<std::int64_t>(spec.Hq) * (spec.dk + hp);
+  const std::int64_t kw = static_cast<std::int64_t>(spec.Hk) * (spec.dk + hp);
+  const std::int64_t vw = static_cast<std::int64_t>(spec.Hv) * (spec.dv + hp);
+  p.q.head = p.k.head = spec.dk + hp;
+  p.v.head = spec.dv + hp;
+  if (spec.fused_qkv) {
+    p.q.token = p.k.token = p.v.token = qw + kw + vw + tp;
+    c.q_off = 0;
+    c.k_off = qw;
+    c.v_off = qw + kw;
+    c.qkv.assign(static_cast<std::size_t>(T * p.q.token), kNaN16);
+  } else {
+    p.q.token = qw + tp;
+    p.k.token = kw + tp;
+    p.v.token = vw + tp;
+    c.q_off = 0;
+    c.k_off = T * p.q.token;
+    c.v_off = c.k_off + T * p.k.token;
+    c.qkv.assign(static_cast<std::size_t>(c.v_off + T * p.v.token), kNaN16);
+  }
+  p.g.head = p.beta.head = 1 + hp;
+  p.g.token = p.beta.token = static_cast<std::int64_t>(H) * (1 + hp) + tp;
+  p.o.head = spec.dv + spec.o_head_pad;
+  p.o.token = static_cast<std::int64_t>(H) * p.o.head + spec.o_token_pad;
+  // Leave strides 0 (packed) where they equal the packed default, so both paths get exercised.
+  auto pack = [](Strides& s, std::int64_t head, std::int64_t token) {
+    if (s.head == head && s.token == token) s = Strides{};
+  };
+  pack(p.q, spec.dk, qw);
+  pack(p.k, spec.dk, kw);
+  pack(p.v, spec.dv, vw);
+  pack(p.g, 1, H);
+  pack(p.beta, 1, H);
+  pack(p.o, spec.dv, static_cast<std::int64_t>(H) * spec.dv);
+
+  c.shape = detail::resolve_shape(p);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  c.g.assign(static_cast<std::size_t>(T * c.shape.g.token), nan);
+  if (spec.beta_dtype == DType::f32)
+    c.beta32.assign(static_cast<std::size_t>(T * c.shape.beta.token), nan);
+  else
+    c.beta16.assign(static_cast<std::size_t>(T * c.shape.beta.token), kNaN16);
+  c.starts.assign(1, 0);
+  for (auto l : spec.lens) c.starts.push_back(c.starts.back() + l);
+  for (auto x : c.starts) {
+    c.cu32.push_back(static_cast<std::int32_t>(x));
+    c.cu64.push_back(x);
+  }
+  c.init.init(static_cast<std::size_t>(c.state_elems()), bits_to_float(kSentinel32));
+  c.o.init(static_cast<std::size_t>(T > 0 ? T * c.shape.o.token : 0), kSentinel16);
+  c.fin.init(static_cast<std::size_t>(c.state_elems()), bits_to_float(kSentinel32));
+  c.poison_outputs();
+  return c;
+}
+
+inline std::uint16_t to_qkv(float x, DType dt) {
+  return dt == DType::bf16 ? detail::float_to_bf16(x) : detail::float_to_fp16(x);
+}
+
+// Fills the inputs with values of the spec's kind (fresh random numbers from spec.seed).
+inline void fill_inputs(Case& c) {
+  const Spec& sp = c.spec;
+  const detail::Shape& s = c.shape;
+  std::mt19937_64 rng(sp.seed * 0x9e3779b97f4a7c15ull + 12345);
+  std::normal_distribution<double> randn(0.0, 1.0);
+  std::uniform_real_distribution<double> unif(0.0, 1.0);
+  const bool hard = sp.inputs == Inputs::hard;
+  std::vector<double> row(static_cast<std::size_t>(std::max(s.dk, s.dv)));
+  auto write_heads = [&](std::int64_t off, Strides st, int heads, int dim, bool normalise) {
+    for (std::int64_t t = 0; t < s.T; ++t)
+      for (int h = 0; h < heads; ++h) {
+        double norm = 0.0;
+        for (int d = 0; d < dim; ++d) {
+          row[d] = randn(rng);
+          norm += row[d] * row[d];
+        }
+        const double f = normalise ? 1.0 / std::sqrt(norm) : 1.0;
+        for (int d = 0; d < dim; ++d)
+          c.qkv[static_cast<std::size_t>(off + t * st.token + h * st.head + d)] =
+              to_qkv(static_cast<float>(row[d] * f), sp.qkv);
+      }
+  };
+  write_heads(c.q_off, s.q, s.Hq, s.dk, true);
+  write_heads(c.k_off, s.k, s.Hk, s.dk, true);
+  write_heads(c.v_off, s.v, s.Hv, s.dv, false);
+  for (std::int64_t t = 0; t < s.T; ++t)
+    for (int h = 0; h < s.H; ++h) {
+      const double x = randn(rng);
+      double g = hard ? -1e-3 * unif(rng) : -std::log1p(std::exp(-x));  // logsigmoid
+      if (sp.gate_space == GateSpace::linear) g = std::exp(g);
+      c.g[static_cast<std::size_t>(t * s.g.token + h * s.g.head)] = static_cast<float>(g);
+      const double y = randn(rng);
+      const float b = static_cast<float>(hard ? 1.0 - 0.01 * unif(rng) : 1.0 / (1.0 + std::exp(-y)));
+      const std::size_t bi = static_cast<std::size_t>(t * s.beta.token + h * s.beta.head);
+      if (sp.beta_dtype == DType::f32)
+        c.beta32[bi] = b;
+      else
+        c.beta16[bi] = to_qkv(b, sp.beta_dtype);
+    }
+  for (std::int64_t i = 0; i < c.state_elems(); ++i) c.init.data()[i] = static_cast<float>(randn(rng));
+}
+
+inline Case random_case(const Spec& spec) {
+  Case c = make_case(spec);
+  fill_inputs(c);
+  return c;
+}
+
+// The fp64 oracle over every (sequence, head), packed: o [T, H, dv], state [N, H, dk, dv] (kv).
+struct Reference {
+  std::vector<double> o;
+  std::vector<double> state;
+};
+
+inline Reference run_reference(Case& c) {
+  const detail::Shape& s = c.shape;
+  Reference r;
+  r.o.assign(static_cast<std::size_t>(s.T * s.H * s.dv), 0.0);
+  r.state.assign(static_cast<std::size_t>(c.state_elems()), 0.0);
+  const Tensors t = c.tensors();
+  std::vector<double> o, st;
+  for (std::int64_t n = 0; n < c.N(); ++n)
+    for (int h = 0; h < s.H; ++h) {
+      reference::recurrence(c.problem, t, n, h, o, st);
+      for (std::int64_t i = 0; i < c.starts[n + 1] - c.starts[n]; ++i)
+        std::copy_n(o.data() + i * s.dv, s.dv, r.o.data() + ((c.starts[n] + i) * s.H + h) * s.dv);
+      std::copy(st.begin(), st.end(), r.state.begin() + (n * s.H + h) * s.state_elems());
+    }
+  return r;
+}
+
+// ||x - ref|| / ||ref|| accumulated over pairs; infinite when x holds NaN or inf (so NaN never
+// passes a "<" test); when ref is all zero, the absolute ||x||.
+struct RelL2 {
+  double err2 = 0.0, ref2 = 0.0;
+  bool finite = true;
+  void add(double x, double ref) {
+    if (!std::isfinite(x)) finite = false;
+    err2 += (x - ref) * (x - ref);
+    ref2 += ref * ref;
+  }
+  double value() const {
+    if (!finite || !std::isfinite(err2)) return std::numeric_limits<double>::infinity();
+    return ref2 > 0.0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  }
+};
+
+inline double rel_l2(const std::vector<double>& x, const std::vector<double>& ref) {
+  RelL2 r;
+  for (std::size_t i = 0; i < x.size(); ++i) r.add(x[i], ref[i]);
+  return r.value();
+}
+
+struct Errors {
+  double o = 0, o_worst = 0;          // rel L2 over all of o; worst over (sequence, head)
+  double state = 0, state_worst = 0;  // the same for the final state
+  std::string issues;                 // empty, or what was not written / written where it must not be
+  std::string str() const {
+    std::ostringstream s;
+    s << "o rel L2 " << o << " (worst seq/head " << o_worst << "), state rel L2 " << state << " (worst "
+      << state_worst << ")";
+    if (!issues.empty()) s << "; " << issues;
+    return s.str();
+  }
+};
+
+// The run's outputs as packed doubles: o [T, H, dv] and final state [N, H, dk, dv] (kv layout).
+inline std::vector<double> gather_o(const Case& c) {
+  const detail::Shape& s = c.shape;
+  std::vector<double> out(static_cast<std::size_t>(s.T * s.H * s.dv));
+  c.for_each_o([&](std::int64_t t, int h, int d, std::int64_t i) {
+    out[static_cast<std::size_t>((t * s.H + h) * s.dv + d)] = detail::load_as_float(c.o.data(), c.spec.qkv, i);
+  });
+  return out;
+}
+
+inline std::vector<double> gather_state(const Case& c) {
+  const detail::Shape& s = c.shape;
+  const float* f = c.spec.in_place ? c.init.data() : c.fin.data();
+  std::vector<double> out(static_cast<std::size_t>(c.state_elems()));
+  for (std::int64_t nh = 0; nh < c.N() * s.H; ++nh)
+    for (int i = 0; i < s.dk; ++i)
+      for (int j = 0; j < s.dv; ++j)
+        out[static_cast<std::size_t>(nh * s.state_elems() + i * s.dv + j)] =
+            f[nh * s.state_elems() + (c.spec.layout == StateLayout::kv ? i * s.dv + j : j * s.dk + i)];
+  return out;
+}
+
+// Compares a finished run with the oracle; also checks poison, sentinels and guards.
+inline Errors compare(const Case& c, const Reference& ref) {
+  const detail::Shape& s = c.shape;
+  Errors e;
+  std::ostringstream issues;
+  // Every o element written (no poison left, finite), nothing else touched.
+  std::int64_t unwritten = 0, touched = 0;
+  std::vector<char> valid(c.o.n, 0);
+  c.for_each_o([&](std::int64_t, int, int, std::int64_t i) {
+    valid[static_cast<std::size_t>(i)] = 1;
+    if (c.o.data()[i] == kPoison16) ++unwritten;
+  });
+  for (std::size_t i = 0; i < c.o.n; ++i)
+    if (!valid[i] && c.o.data()[i] != kSentinel16) ++touched;
+  if (unwritten) issues << unwritten << " o elements not written; ";
+  if (touched) issues << touched << " o padding elements overwritten; ";
+  if (!c.o.guards_intact()) issues << "o guard elements overwritten; ";
+  if (!c.init.guards_intact()) issues << "initial_state guard elements overwritten; ";
+  if (!c.fin.guards_intact()) issues << "final_state guard elements overwritten; ";
+  if (!c.spec.final_state || c.spec.in_place) {
+    for (std::size_t i = 0; i < c.fin.buf.size(); ++i)
+      if (float_bits(c.fin.buf[i]) != kSentinel32 && float_bits(c.fin.buf[i]) != kPoison32) {
+        issues << "final_state written although not wanted; ";
+        break;
+      }
+  }
+
+  const std::vector<double> o = gather_o(c);
+  RelL2 all;
+  for (std::int64_t n = 0; n < c.N(); ++n)
+    for (int h = 0; h < s.H; ++h) {
+      RelL2 one;
+      for (std::int64_t t = c.starts[n]; t < c.starts[n + 1]; ++t)
+        for (int d = 0; d < s.dv; ++d) {
+          const std::size_t i = static_cast<std::size_t>((t * s.H + h) * s.dv + d);
+          one.add(o[i], ref.o[i]);
+          all.add(o[i], ref.o[i]);
+        }
+      e.o_worst = std::max(e.o_worst, one.value());
+    }
+  e.o = all.value();
+  if (c.spec.final_state) {
+    const std::vector<double> st = gather_state(c);
+    RelL2 sall;
+    for (std::int64_t nh = 0; nh < c.N() * s.H; ++nh) {
+      RelL2 one;
+      for (std::int64_t i = nh * s.state_elems(); i < (nh + 1) * s.state_elems(); ++i) {
+        one.add(st[static_cast<std::size_t>(i)], ref.state[static_cast<std::size_t>(i)]);
+        sall.add(st[static_cast<std::size_t>(i)], ref.state[static_cast<std::size_t>(i)]);
+      }
+      e.state_worst = std::max(e.state_worst, one.value());
+    }
+    e.state = sall.value();
+  }
+  e.issues = issues.str();
+  return e;
+}
+
+// A case holding tokens [from[n], to[n]) of every sequence n of `full` (same heads, options and
+// values; packed afresh with full's layout options). Used to split sequences for continuation.
+inline Case sub_case(const Case& full, const std::vector<std::int64_t>& from, const std::vector<std::int64_t>& to) {
+  Spec spec = full.spec;
+  for (std::size_t n = 0; n < spec.lens.size(); ++n) spec.lens[n] = to[n] - from[n];
+  Case c = make_case(spec);
+  const detail::Shape& fs = full.shape;
+  const detail::Shape& s = c.shape;
+  for (std::int64_t n = 0; n < c.N(); ++n)
+    for (std::int64_t i = 0; i < spec.lens[static_cast<std::size_t>(n)]; ++i) {
+      const std::int64_t src = full.starts[n] + from[static_cast<std::size_t>(n)] + i, dst = c.starts[n] + i;
+      auto copy = [&](std::int64_t soff, Strides ss, std::int64_t doff, Strides ds, int heads, int dim) {
+        for (int h = 0; h < heads; ++h)
+          for (int d = 0; d < dim; ++d)
+            c.qkv[static_cast<std::size_t>(doff + dst * ds.token + h * ds.head + d)] =
+                full.qkv[static_cast<std::size_t>(soff + src * ss.token + h * ss.head + d)];
+      };
+      copy(full.q_off, fs.q, c.q_off, s.q, s.Hq, s.dk);
+      copy(full.k_off, fs.k, c.k_off, s.k, s.Hk, s.dk);
+      copy(full.v_off, fs.v, c.v_off, s.v, s.Hv, s.dv);
+      for (int h = 0; h < s.H; ++h) {
+        c.g[static_cast<std::size_t>(dst * s.g.token + h * s.g.head)] =
+            full.g[static_cast<std::size_t>(src * fs.g.token + h * fs.g.head)];
+        const std::size_t bd = static_cast<std::size_t>(dst * s.beta.token + h * s.beta.head);
+        const std::size_t bs = static_cast<std::size_t>(src * fs.beta.token + h * fs.beta.head);
+        if (spec.beta_dtype == DType::f32)
+          c.beta32[bd] = full.beta32[bs];
+        else
+          c.beta16[bd] = full.beta16[bs];
+      }
+    }
+  std::copy_n(full.init.data(), full.state_elems(), c.init.data());
+  return c;
+}
+
+// Runs a host plan with a workspace of exactly workspace_bytes() (deliberately misaligned by one
+// byte when `misalign`, to prove the backend aligns for itself).
+inline void run_host(Case& c, const Options& options = {}, bool misalign = false) {
+  const Plan plan = Plan::create(c.problem, options);
+  const std::size_t bytes = plan.workspace_bytes();
+  std::vector<unsigned char> ws(bytes + 64);
+  unsigned char* p = ws.data() + (misalign ? 1 : 0);
+  plan.run(c.tensors(), bytes ? p : nullptr, bytes);
+}
+
+}  // namespace gdnkit::test

@@ -1,0 +1,461 @@
+// The chunked CPU path (through the public Plan API, host memory) against the fp64 token
+// recurrence, on many random shapes and every option. Each case gets fresh random inputs from
+// its own seed; a failure prints the case (seed included) so it can be replayed.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+
+namespace {
+
+using namespace gdnkit;
+using test::Case;
+using test::Errors;
+using test::Inputs;
+using test::Spec;
+
+// ---- Tolerances -------------------------------------------------------------------------------
+//
+// Relative L2 of the chunked fp32 result against the fp64 oracle run on the same (already rounded)
+// bf16/f16 inputs, so input rounding cancels and two sources remain:
+//
+// 1. fp32 arithmetic. Unit roundoff u32 = 2^-24 = 6e-8. Within a chunk every quantity is a sum of
+//    at most max(dk, C) <= 256 products (one product chain of depth ~3: K S, M X, K^T Vn), so its
+//    relative error is ~ sqrt(256) u32 = 1e-6 for random-sign terms, times the norm of the
+//    forward-substitution inverse Tu (a few for L2-normalised keys and beta <= 1). The state carries
+//    its error across chunks; with realistic decay it is forgotten within a few tokens, with almost
+//    no decay (hard inputs) it random-walks, growing like sqrt(L / C) (about 6 at L = 2048).
+//    That gives ~1e-5 in the worst case here; kFp32 = 1e-4 leaves a 10x margin while a
+//    bug in the algebra (a dropped gate or beta, an off-by-one row) gives errors of 1e-2 .. 1.
+//    Measured: realistic ~1e-6 .. 3e-6, hard (L = 1500, g ~ 0, beta ~ 1) ~ 1e-5.
+constexpr double kFp32 = 1e-4;
+// 2. Rounding o to the output dtype (the kernel's own final rounding). Round to nearest moves
+//    every element by at most u (bf16: 8 significant bits, u = 2^-8 = 3.9e-3; f16: 11 bits,
+//    u = 2^-11 = 4.9e-4) relative, so for any set of elements ||round(x) - x|| <= u ||x||: a hard
+//    bound, used for the worst single (sequence, head). Over many elements the rounding error is
+//    uniform within half an ulp, so its rms relative size is at most u / sqrt(3) (bf16 2.3e-3,
+//    f16 2.8e-4): used for o as a whole, which holds thousands of elements.
+//    By the triangle inequality the bound on o is u (1 + e) + e with e the fp32 error.
+double out_u(DType dt) { return dt == DType::bf16 ? 1.0 / 256.0 : 1.0 / 2048.0; }
+double tol_o_all(DType dt) { return out_u(dt) / std::sqrt(3.0) * (1 + kFp32) + kFp32; }
+double tol_o_worst(DType dt) { return out_u(dt) * (1 + kFp32) + kFp32; }
+// 3. The final state is fp32 and never rounded: only the fp32 error above.
+constexpr double kTolState = kFp32;
+
+// Builds the case, runs oracle and kernel, checks everything; returns the errors.
+Errors check_case(const Spec& spec, const Options& options = {}) {
+  SCOPED_TRACE(spec.describe());
+  Case c = test::random_case(spec);
+  const test::Reference ref = test::run_reference(c);  // before the run: in-place overwrites the initial state
+  test::run_host(c, options);
+  const Errors e = test::compare(c, ref);
+  EXPECT_TRUE(e.issues.empty()) << e.issues;
+  EXPECT_LT(e.o, tol_o_all(spec.qkv)) << e.str();
+  EXPECT_LT(e.o_worst, tol_o_worst(spec.qkv)) << e.str();
+  if (spec.final_state) {
+    EXPECT_LT(e.state, kTolState) << e.str();
+    EXPECT_LT(e.state_worst, kTolState) << e.str();
+  }
+  return e;
+}
+
+void report(const char* what, const Spec& spec, const Errors& e) {
+  std::printf("  %-34s %-5s  o %.2e (worst %.2e)  state %.2e (worst %.2e)\n", what, to_string(spec.qkv), e.o,
+              e.o_worst, e.state, e.state_worst);
+}
+
+// ---- Random sweep ------------------------------------------------------------------------------
+
+template <typename T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
+  return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
+}
+bool coin(std::mt19937_64& rng, double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+// A random case whose oracle costs at most ~budget multiply-adds of T * H * dk * dv.
+Spec random_spec(std::uint64_t seed, double budget) {
+  std::mt19937_64 rng(seed);
+  Spec s;
+  s.seed = seed;
+  for (;;) {
+    // Heads: MHA, GVA or GQA with ratio 2 or 4.
+    const int mode = pick(rng, {0, 1, 2});
+    const int base = pick(rng, {1, 2});
+    const int r = mode == 0 ? 1 : pick(rng, {2, 4});
+    s.Hq = s.Hk = s.Hv = base;
+    if (mode == 1) s.Hv = r * base;                  // GVA
+    if (mode == 2) s.Hq = r * base;                  // GQA
+    if (mode == 0) s.Hq = s.Hk = s.Hv = pick(rng, {1, 2, 3});
+    s.dk = pick(rng, {16, 32, 48, 64, 100, 128, 256});
+    s.dv = pick(rng, {16, 24, 64, 100, 128, 256});
+    s.cu_seqlens = !coin(rng, 0.2);
+    s.lens.clear();
+    if (s.cu_seqlens) {
+      const int N = pick(rng, {1, 2, 3, 5, 8, 17, 50});
+      for (int i = 0; i < N; ++i) {
+        const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+        std::int64_t L = kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? pick(rng, {63, 64, 65, 128})
+                                       : std::uniform_int_distribution<std::int64_t>(1, N > 10 ? 40 : 200)(rng);
+        if (N <= 2 && coin(rng, 0.15)) L = 1000;
+        s.lens.push_back(L);
+      }
+      s.cu_dtype = pick(rng, {DType::i32, DType::i64});
+    } else {
+      const int N = pick(rng, {1, 2, 3, 4});
+      s.lens.assign(N, pick(rng, {1, 7, 63, 64, 65, 130}));
+    }
+    const double cost = static_cast<double>(s.T()) * s.H() * s.dk * s.dv;
+    if (cost <= budget) break;
+  }
+  s.qkv = pick(rng, {DType::bf16, DType::f16});
+  s.beta_dtype = pick(rng, {DType::f32, DType::bf16, DType::f16});
+  s.has_gate = coin(rng, 0.85);
+  s.has_beta = coin(rng, 0.85);
+  s.initial_state = coin(rng);
+  s.final_state = coin(rng, 0.7);
+  s.gate_space = pick(rng, {GateSpace::log, GateSpace::linear});
+  s.layout = pick(rng, {StateLayout::kv, StateLayout::vk});
+  s.in_place = s.initial_state && s.final_state && coin(rng, 0.3);
+  s.fused_qkv = coin(rng, 0.3);
+  if (coin(rng, 0.3)) {
+    s.in_head_pad = pick(rng, {0, 1, 8});
+    s.in_token_pad = pick(rng, {0, 3, 16});
+  }
+  if (coin(rng, 0.3)) {
+    s.o_head_pad = pick(rng, {0, 2, 16});
+    s.o_token_pad = pick(rng, {0, 5, 64});
+  }
+  s.inputs = coin(rng, 0.2) ? Inputs::hard : Inputs::realistic;
+  if (coin(rng, 0.1)) s.scale = 0.37f;
+  return s;
+}
+
+TEST(ChunkedCpu, RandomSweep) {
+  constexpr int kCases = 150;
+  for (int i = 0; i < kCases; ++i) {
+    const Spec s = random_spec(1000 + i, 1.5e7);
+    check_case(s);
+    if (HasFailure()) break;  // one failing case (with its seed) is enough to read
+  }
+}
+
+// ---- Named cases ---------------------------------------------------------------------------------
+
+// Chunk boundaries: shorter than, exactly, just over one chunk, and many chunks.
+TEST(ChunkedCpu, SequenceLengths) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (std::int64_t L : {1, 63, 64, 65, 1000}) {
+      Spec s;
+      s.lens = {L};
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 128;
+      s.qkv = dt;
+      s.initial_state = true;
+      s.seed = 10 + L;
+      const Errors e = check_case(s);
+      report(("L=" + std::to_string(L) + " realistic 1/1/2 128").c_str(), s, e);
+    }
+}
+
+TEST(ChunkedCpu, HeadDims) {
+  const int dims[][2] = {{16, 16}, {16, 256}, {256, 16}, {100, 100}, {64, 256}, {256, 64}, {256, 256}, {24, 40}};
+  int i = 0;
+  for (auto [dk, dv] : dims) {
+    Spec s;
+    s.lens = {65, 130, 3};
+    s.Hq = s.Hk = s.Hv = 1;
+    s.dk = dk;
+    s.dv = dv;
+    s.initial_state = true;
+    s.layout = i % 2 ? StateLayout::vk : StateLayout::kv;
+    s.seed = 100 + i++;
+    check_case(s);
+  }
+}
+
+TEST(ChunkedCpu, HeadRatios) {
+  int i = 0;
+  for (int r : {1, 2, 4})
+    for (bool gqa : {false, true}) {
+      Spec s;
+      s.lens = {70, 0, 129};
+      s.Hq = s.Hk = s.Hv = 2;
+      (gqa ? s.Hq : s.Hv) = 2 * r;
+      s.dk = s.dv = 32;
+      s.initial_state = true;
+      s.seed = 200 + i++;
+      check_case(s);
+    }
+}
+
+// Every combination of the flags, both gate spaces and both state layouts.
+TEST(ChunkedCpu, AllOptions) {
+  int i = 0;
+  for (int bits = 0; bits < 64; ++bits) {
+    Spec s;
+    s.lens = {70, 0, 5, 64};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = s.dv = 32;
+    s.has_gate = bits & 1;
+    s.has_beta = bits & 2;
+    s.initial_state = bits & 4;
+    s.final_state = bits & 8;
+    s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
+    s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+    s.seed = 300 + i++;
+    check_case(s);
+  }
+}
+
+TEST(ChunkedCpu, Dtypes) {
+  int i = 0;
+  for (DType q : {DType::bf16, DType::f16})
+    for (DType b : {DType::f32, DType::bf16, DType::f16})
+      for (DType cu : {DType::i32, DType::i64}) {
+        Spec s;
+        s.lens = {100, 1, 64};
+        s.qkv = q;
+        s.beta_dtype = b;
+        s.cu_dtype = cu;
+        s.seed = 400 + i++;
+        check_case(s);
+      }
+}
+
+// The batched [B, L] mode without cu_seqlens, and many sequences, some empty.
+TEST(ChunkedCpu, SequenceLayouts) {
+  Spec s;
+  s.cu_seqlens = false;
+  s.lens = {65, 65, 65, 65};
+  s.initial_state = true;
+  s.seed = 500;
+  check_case(s);
+  s.lens = {1, 1, 1};
+  s.seed = 501;
+  check_case(s);
+  // N = 50 with zero-length sequences everywhere (first and last included).
+  s.cu_seqlens = true;
+  s.lens.clear();
+  for (int n = 0; n < 50; ++n) s.lens.push_back(n % 3 == 0 ? 0 : (n * 37) % 90 + 1);
+  s.lens.back() = 0;
+  s.cu_dtype = DType::i64;
+  s.seed = 502;
+  check_case(s);
+}
+
+// Nothing to compute: final state = initial state (or zeros), no o rows.
+TEST(ChunkedCpu, EmptyProblems) {
+  for (bool init : {false, true})
+    for (bool uniform : {false, true}) {
+      Spec s;
+      s.lens = {0, 0, 0};
+      s.cu_seqlens = !uniform;
+      s.initial_state = init;
+      s.layout = init ? StateLayout::vk : StateLayout::kv;
+      s.seed = 600;
+      const Errors e = check_case(s);
+      EXPECT_EQ(e.state, 0.0);
+    }
+}
+
+// q, k, v as slices of one fused projection buffer; padded head and token strides everywhere
+// (the padding holds NaN, so a misplaced read fails); o with padded head and token strides.
+TEST(ChunkedCpu, Strides) {
+  int i = 0;
+  for (bool fused : {true, false})
+    for (int pad : {0, 1, 8}) {
+      Spec s;
+      s.lens = {130, 0, 17};
+      s.Hq = s.Hk = 2;
+      s.Hv = 4;
+      s.dk = 64;
+      s.dv = 48;
+      s.fused_qkv = fused;
+      s.in_head_pad = pad;
+      s.in_token_pad = 2 * pad + 1;
+      s.o_head_pad = pad;
+      s.o_token_pad = 64 - pad;
+      s.beta_dtype = pad == 1 ? DType::bf16 : DType::f32;
+      s.initial_state = true;
+      s.seed = 700 + i++;
+      check_case(s);
+    }
+}
+
+// final_state == initial_state: each item must read its whole initial state before writing.
+TEST(ChunkedCpu, InPlaceState) {
+  int i = 0;
+  for (StateLayout layout : {StateLayout::kv, StateLayout::vk}) {
+    Spec s;
+    s.lens = {100, 0, 64, 1};
+    s.Hq = s.Hk = 1;
+    s.Hv = 4;
+    s.dk = 48;
+    s.dv = 80;
+    s.initial_state = s.final_state = s.in_place = true;
+    s.layout = layout;
+    s.seed = 800 + i++;
+    check_case(s);
+  }
+}
+
+// Almost no decay and beta ~ 1 over long sequences: the state remembers everything, so fp32
+// errors accumulate across chunks instead of being forgotten.
+TEST(ChunkedCpu, HardInputs) {
+  int i = 0;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (GateSpace gs : {GateSpace::log, GateSpace::linear}) {
+      Spec s;
+      s.lens = {1500};
+      s.Hq = s.Hk = s.Hv = 1;
+      s.dk = s.dv = 128;
+      s.qkv = dt;
+      s.gate_space = gs;
+      s.inputs = Inputs::hard;
+      s.initial_state = gs == GateSpace::linear;
+      s.seed = 900 + i++;
+      const Errors e = check_case(s);
+      report(("L=1500 hard " + std::string(to_string(gs)) + " 128").c_str(), s, e);
+    }
+  // No gate at all (decay exactly 1) and beta exactly 1.
+  Spec s;
+  s.lens = {1100, 300};
+  s.dk = s.dv = 64;
+  s.has_gate = s.has_beta = false;
+  s.seed = 950;
+  const Errors e = check_case(s);
+  report("L=1100+300 no gate, no beta 64", s, e);
+}
+
+// Linear-space gates of exactly 0 (full reset; the kernel uses log(FLT_MIN)) and exactly 1.
+TEST(ChunkedCpu, LinearGateExtremes) {
+  Spec s;
+  s.lens = {200, 70};
+  s.gate_space = GateSpace::linear;
+  s.initial_state = true;
+  s.seed = 1000;
+  Case c = test::random_case(s);
+  for (std::int64_t t = 0; t < c.shape.T; ++t)
+    for (int h = 0; h < c.shape.H; ++h) {
+      float& a = c.g[static_cast<std::size_t>(t * c.shape.g.token + h * c.shape.g.head)];
+      if (t % 7 == 3) a = 0.0f;
+      if (t % 5 == 1) a = 1.0f;
+    }
+  const test::Reference ref = test::run_reference(c);
+  test::run_host(c);
+  const Errors e = test::compare(c, ref);
+  EXPECT_TRUE(e.issues.empty()) << e.issues;
+  EXPECT_LT(e.o_worst, tol_o_worst(s.qkv)) << e.str();
+  EXPECT_LT(e.state_worst, kTolState) << e.str();
+}
+
+// Running the first part of each sequence, then the rest from its final state, equals one run:
+// within tolerance of the oracle always, and bit for bit when the split is on a chunk boundary.
+TEST(ChunkedCpu, Continuation) {
+  struct Split { std::vector<std::int64_t> lens, cut; };
+  const Split splits[] = {{{300, 200}, {128, 64}}, {{300, 200, 90}, {100, 1, 89}}, {{65}, {0}}, {{65}, {65}}};
+  int i = 0;
+  for (const Split& sp : splits)
+    for (StateLayout layout : {StateLayout::kv, StateLayout::vk}) {
+      Spec s;
+      s.lens = sp.lens;
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 64;
+      s.initial_state = true;
+      s.layout = layout;
+      s.seed = 1100 + i++;
+      SCOPED_TRACE(s.describe());
+      Case full = test::random_case(s);
+      const test::Reference ref = test::run_reference(full);
+      test::run_host(full);
+
+      std::vector<std::int64_t> zero(sp.lens.size(), 0);
+      Case a = test::sub_case(full, zero, sp.cut);
+      Case b = test::sub_case(full, sp.cut, sp.lens);
+      test::run_host(a);
+      std::copy_n(a.fin.data(), a.state_elems(), b.init.data());
+      test::run_host(b);
+
+      // Stitch the two parts' o back into full order.
+      const detail::Shape& fs = full.shape;
+      std::vector<double> o(ref.o.size()), o_full = test::gather_o(full);
+      const std::vector<double> oa = test::gather_o(a), ob = test::gather_o(b);
+      for (std::size_t n = 0; n < sp.lens.size(); ++n)
+        for (std::int64_t t = 0; t < sp.lens[n]; ++t) {
+          const bool first = t < sp.cut[n];
+          const std::int64_t src = first ? a.starts[n] + t : b.starts[n] + t - sp.cut[n];
+          std::copy_n((first ? oa : ob).data() + src * fs.H * fs.dv, fs.H * fs.dv,
+                      o.data() + (full.starts[n] + t) * fs.H * fs.dv);
+        }
+      const std::vector<double> st = test::gather_state(b), st_full = test::gather_state(full);
+      EXPECT_LT(test::rel_l2(o, ref.o), tol_o_all(s.qkv));
+      EXPECT_LT(test::rel_l2(st, ref.state), kTolState);
+      bool aligned = true;
+      for (auto c : sp.cut) aligned = aligned && c % 64 == 0;
+      if (aligned) {
+        EXPECT_EQ(o, o_full) << "split on chunk boundaries must be bit-identical";
+        EXPECT_EQ(st, st_full) << "split on chunk boundaries must be bit-identical";
+      }
+    }
+}
+
+// Results do not depend on the thread count (each item is computed by one thread, start to end),
+// and a workspace of exactly workspace_bytes() at an odd address is enough.
+TEST(ChunkedCpu, ThreadsAndWorkspace) {
+  Spec s;
+  s.lens = {300, 0, 17, 64, 129, 1};
+  s.Hq = s.Hk = 2;
+  s.Hv = 4;
+  s.dk = s.dv = 32;
+  s.initial_state = true;
+  s.seed = 1200;
+  Case base = test::random_case(s);
+  test::run_host(base);
+  const std::vector<double> o0 = test::gather_o(base), s0 = test::gather_state(base);
+  for (int threads : {1, 2, 3, 7, 64}) {
+    for (bool misalign : {false, true}) {
+      Case c = test::random_case(s);
+      Options opt;
+      opt.cpu_threads = threads;
+      const Plan plan = Plan::create(c.problem, opt);
+      EXPECT_EQ(plan.backend(), Backend::cpu);
+      EXPECT_STREQ(plan.kernel_name(), "cpu-chunked-fp32");
+      test::run_host(c, opt, misalign);
+      EXPECT_EQ(test::gather_o(c), o0) << "threads=" << threads;
+      EXPECT_EQ(test::gather_state(c), s0) << "threads=" << threads;
+    }
+  }
+}
+
+// Reusing one plan (and workspace) for several runs: no state leaks between runs or items.
+TEST(ChunkedCpu, PlanReuse) {
+  Spec s;
+  s.lens = {130, 7};
+  s.initial_state = true;
+  s.seed = 1300;
+  Case c1 = test::random_case(s);
+  s.seed = 1301;
+  Case c2 = test::random_case(s);
+  const test::Reference r1 = test::run_reference(c1), r2 = test::run_reference(c2);
+  const Plan plan = Plan::create(c1.problem);
+  std::vector<unsigned char> ws(plan.workspace_bytes());
+  plan.run(c1.tensors(), ws.data(), ws.size());
+  plan.run(c2.tensors(), ws.data(), ws.size());
+  c1.poison_outputs();
+  plan.run(c1.tensors(), ws.data(), ws.size());
+  for (auto [c, r] : {std::pair<Case*, const test::Reference*>{&c1, &r1}, {&c2, &r2}}) {
+    const Errors e = test::compare(*c, *r);
+    EXPECT_TRUE(e.issues.empty()) << e.issues;
+    EXPECT_LT(e.o_worst, tol_o_worst(s.qkv)) << e.str();
+    EXPECT_LT(e.state_worst, kTolState) << e.str();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,236 @@
+// Every class of bad input is rejected with an Error whose kind, argument and message say what
+// was expected and what was found, and nothing is written when a call is rejected.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gdnkit/gdnkit.h"
+
+namespace {
+
+using gdnkit::Backend;
+using gdnkit::DType;
+using gdnkit::Error;
+using gdnkit::Plan;
+using gdnkit::Problem;
+
+Problem small_problem() {
+  Problem p;
+  p.total_tokens = 10;
+  p.num_seqs = 2;
+  p.num_q_heads = p.num_k_heads = p.num_v_heads = 2;
+  p.head_dim_k = p.head_dim_v = 16;
+  return p;
+}
+
+// Runs f, expects an Error of the given kind whose argument and message contain the given parts.
+void expect_error(const std::function<void()>& f, Error::Kind kind, const std::string& argument,
+                  const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.kind()), static_cast<int>(kind)) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    const std::string msg = e.what();
+    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "no gdnkit::Error thrown (expected one about " << argument << ")";
+}
+
+void expect_plan_error(const Problem& p, Error::Kind kind, const std::string& argument,
+                       const std::vector<std::string>& parts) {
+  expect_error([&] { Plan::create(p); }, kind, argument, parts);
+}
+
+constexpr auto V = Error::Kind::invalid_value;
+constexpr auto Ty = Error::Kind::invalid_type;
+constexpr auto U = Error::Kind::unsupported;
+
+TEST(Errors, HeadMapping) {
+  Problem p = small_problem();
+  p.num_q_heads = 16, p.num_k_heads = 32, p.num_v_heads = 32;  // GVA needs Hk == Hq
+  expect_plan_error(p, V, "k", {"k: expected 16 heads for GVA with Hq=16, got 32"});
+  p.num_k_heads = 16, p.num_v_heads = 24;  // 24 is no multiple of 16
+  expect_plan_error(p, V, "v", {"expected a multiple of Hq=16", "got 24"});
+  p.num_q_heads = 8, p.num_k_heads = 8, p.num_v_heads = 8;
+  p.num_k_heads = 4;
+  expect_plan_error(p, V, "k", {"expected 8 heads for MHA with Hq=8, got 4"});
+  p.num_q_heads = 8, p.num_k_heads = 2, p.num_v_heads = 4;  // GQA needs Hk == Hv
+  expect_plan_error(p, V, "k", {"expected 4 heads for GQA with Hv=4, got 2"});
+  p.num_q_heads = 6, p.num_k_heads = 4, p.num_v_heads = 4;
+  expect_plan_error(p, V, "q", {"expected a multiple of Hv=4 heads for GQA, got 6"});
+  p.num_q_heads = 0;
+  expect_plan_error(p, V, "q", {"expected at least 1 head, got 0"});
+}
+
+TEST(Errors, SizesAndDims) {
+  Problem p = small_problem();
+  p.total_tokens = -1;
+  expect_plan_error(p, V, "total_tokens", {"expected T >= 0, got -1"});
+  p = small_problem();
+  p.num_seqs = 0;
+  expect_plan_error(p, V, "num_seqs", {"expected N >= 1, got 0"});
+  p = small_problem();
+  p.head_dim_k = 8;
+  expect_plan_error(p, V, "head_dim_k", {"expected 16..256, got 8"});
+  p = small_problem();
+  p.head_dim_v = 512;
+  expect_plan_error(p, V, "head_dim_v", {"expected 16..256, got 512"});
+  p = small_problem();
+  p.has_cu_seqlens = false;
+  p.total_tokens = 11;  // not divisible into 2 equal sequences
+  expect_plan_error(p, V, "total_tokens", {"multiple of num_seqs=2", "got 11"});
+}
+
+TEST(Errors, DTypes) {
+  Problem p = small_problem();
+  p.qkv_dtype = DType::f32;
+  expect_plan_error(p, Ty, "q", {"expected dtype bf16 or f16", "got f32"});
+  p = small_problem();
+  p.beta_dtype = DType::i32;
+  expect_plan_error(p, Ty, "beta", {"expected dtype f32, bf16 or f16, got i32"});
+  p.has_beta = false;  // an absent beta's dtype does not matter
+  EXPECT_NO_THROW(Plan::create(p));
+  p = small_problem();
+  p.cu_seqlens_dtype = DType::f32;
+  expect_plan_error(p, Ty, "cu_seqlens", {"expected dtype i32 or i64, got f32"});
+}
+
+TEST(Errors, StridesAndScale) {
+  Problem p = small_problem();
+  p.q.head = -16;
+  expect_plan_error(p, V, "q.head stride", {"expected a positive stride, got -16"});
+  p = small_problem();
+  p.o.head = 8;  // rows of 16 would overlap
+  expect_plan_error(p, V, "o.head stride", {"at least the head dim 16", "got 8"});
+  p = small_problem();
+  p.o.token = 20;  // 2 heads x 16 need 32
+  expect_plan_error(p, V, "o.token stride", {"at least 32", "got 20"});
+  p = small_problem();
+  p.o.head = 10 * 16, p.o.token = 16;  // head-major [H, T, dv]: legal
+  EXPECT_NO_THROW(Plan::create(p));
+  p = small_problem();
+  p.scale = std::numeric_limits<float>::quiet_NaN();
+  expect_plan_error(p, V, "scale", {"expected a finite number"});
+}
+
+TEST(Errors, BackendForMemory) {
+  Problem p = small_problem();
+  gdnkit::Options o;
+  o.backend = Backend::cuda;
+  expect_error([&] { Plan::create(p, o); }, U, "backend", {"expected cpu or automatic for host memory, got cuda"});
+  p.memory = gdnkit::Memory::cuda;
+  o.backend = Backend::cpu;
+  expect_error([&] { Plan::create(p, o); }, U, "backend", {"expected cuda or automatic for CUDA memory, got cpu"});
+}
+
+TEST(Errors, CudaMemoryWithoutDevice) {
+  if (gdnkit::cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  Problem p = small_problem();
+  p.memory = gdnkit::Memory::cuda;
+  try {
+    Plan::create(p);
+    ADD_FAILURE() << "planning CUDA memory without a device must fail";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.kind() == Error::Kind::unsupported) << e.what();
+  }
+}
+
+// Buffers for small_problem(), filled with harmless values.
+struct Buffers {
+  std::vector<std::uint16_t> q, k, v, o;
+  std::vector<float> g, beta, h0, ht;
+  std::vector<std::int32_t> cu{0, 4, 10};
+  Buffers() : q(10 * 2 * 16, 0x3c00), k(q), v(q), o(q.size(), 0xffff), g(20, -0.1f), beta(20, 0.5f),
+              h0(2 * 2 * 16 * 16, 0.0f), ht(h0.size(), 1.0f) {}
+  gdnkit::Tensors tensors() {
+    gdnkit::Tensors t;
+    t.q = q.data(), t.k = k.data(), t.v = v.data(), t.o = o.data();
+    t.g = g.data(), t.beta = beta.data(), t.cu_seqlens = cu.data();
+    t.initial_state = h0.data(), t.final_state = ht.data();
+    return t;
+  }
+};
+
+TEST(Errors, RunPointersAndWorkspace) {
+  Problem p = small_problem();
+  p.qkv_dtype = DType::f16;
+  p.has_initial_state = p.want_final_state = true;
+  const Plan plan = Plan::create(p);
+  std::vector<unsigned char> ws(plan.workspace_bytes() + 1);
+  Buffers b;
+  const std::vector<std::uint16_t> o_before = b.o;
+  struct Case { const char* name; std::function<void(gdnkit::Tensors&)> clear; const char* why; };
+  const std::vector<Case> cases = {
+      {"q", [](gdnkit::Tensors& t) { t.q = nullptr; }, "T > 0"},
+      {"o", [](gdnkit::Tensors& t) { t.o = nullptr; }, "T > 0"},
+      {"g", [](gdnkit::Tensors& t) { t.g = nullptr; }, "has_gate"},
+      {"beta", [](gdnkit::Tensors& t) { t.beta = nullptr; }, "has_beta"},
+      {"cu_seqlens", [](gdnkit::Tensors& t) { t.cu_seqlens = nullptr; }, "has_cu_seqlens"},
+      {"initial_state", [](gdnkit::Tensors& t) { t.initial_state = nullptr; }, "has_initial_state"},
+      {"final_state", [](gdnkit::Tensors& t) { t.final_state = nullptr; }, "want_final_state"},
+  };
+  for (const auto& c : cases) {
+    gdnkit::Tensors t = b.tensors();
+    c.clear(t);
+    expect_error([&] { plan.run(t, ws.data(), ws.size()); }, V, c.name,
+                 {std::string("expected a pointer (") + c.why + "), got null"});
+  }
+  if (plan.workspace_bytes() > 0) {
+    expect_error([&] { plan.run(b.tensors(), ws.data(), plan.workspace_bytes() - 1); }, V, "workspace_bytes",
+                 {"expected at least " + std::to_string(plan.workspace_bytes())});
+    expect_error([&] { plan.run(b.tensors(), nullptr, ws.size()); }, V, "workspace", {"got null"});
+  }
+  EXPECT_EQ(b.o, o_before) << "a rejected run wrote o";
+  // Bad cu_seqlens values are caught by run() on the host path too (reading them is free there),
+  // before anything is written.
+  b.cu = {0, 11, 10};
+  expect_error([&] { plan.run(b.tensors(), ws.data(), ws.size()); }, V, "cu_seqlens[2]",
+               {"expected a non-decreasing value >= 11, got 10"});
+  EXPECT_EQ(b.o, o_before) << "a rejected run wrote o";
+}
+
+TEST(Errors, ValidateValues) {
+  Problem p = small_problem();
+  p.qkv_dtype = DType::f16;
+  const Plan plan = Plan::create(p);
+  Buffers b;
+  EXPECT_NO_THROW(plan.validate(b.tensors()));
+  b.cu = {1, 4, 10};
+  expect_error([&] { plan.validate(b.tensors()); }, V, "cu_seqlens[0]", {"expected 0, got 1"});
+  b.cu = {0, 4, 9};
+  expect_error([&] { plan.validate(b.tensors()); }, V, "cu_seqlens[2]", {"expected total_tokens=10, got 9"});
+  b.cu = {0, 4, 10};
+  b.g[7 * 2 + 1] = std::numeric_limits<float>::infinity();
+  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"expected a finite log-space gate", "got inf"});
+  b.g[7 * 2 + 1] = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"got nan"});
+
+  Problem lin = p;
+  lin.gate_space = gdnkit::GateSpace::linear;
+  const Plan plan_lin = Plan::create(lin);
+  b.g.assign(20, 0.9f);
+  EXPECT_NO_THROW(plan_lin.validate(b.tensors()));
+  b.g[3] = -0.5f;  // a linear gate is a decay factor: never negative
+  expect_error([&] { plan_lin.validate(b.tensors()); }, V, "g[1, 1]", {"expected a finite linear gate >= 0, got -0.5"});
+}
+
+TEST(Errors, NamesAndSizes) {
+  EXPECT_STREQ(gdnkit::to_string(DType::bf16), "bf16");
+  EXPECT_STREQ(gdnkit::to_string(Backend::cuda), "cuda");
+  EXPECT_EQ(gdnkit::dtype_size(DType::i64), 8u);
+  const Plan plan = Plan::create(small_problem());
+  EXPECT_EQ(plan.backend(), Backend::cpu);
+  EXPECT_FLOAT_EQ(plan.scale(), 0.25f);  // 16^-0.5
+  EXPECT_EQ(plan.num_output_heads(), 2);
+  Plan copy = plan;  // plans are values
+  EXPECT_EQ(copy.problem().total_tokens, 10);
+}
+
+}  // namespace

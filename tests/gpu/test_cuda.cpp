@@ -1,0 +1,732 @@
+// The CUDA backend (through the public Plan API, device memory) against the fp64 token recurrence.
+// Every test skips when no CUDA device is present, so the binary runs (and reports skips) in CI.
+// Each case prints one "[gpu-err]" line with its rel-L2 errors for collection.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "gpu/gpu_util.h"
+
+namespace {
+
+using namespace gdnkit;
+using test::Case;
+using test::DeviceCase;
+using test::Errors;
+using test::Inputs;
+using test::Spec;
+
+// ---- Tolerances -------------------------------------------------------------------------------
+//
+// The oracle runs in fp64 on the same (already rounded) bf16/f16 inputs, so the error is the
+// kernel's own: its MMA operands are rounded to the input dtype (the 16-bit copy of the state in
+// K S and Q S, X = V - gam K S, Mt, P, Vn and the decayed Vn in the state update), products
+// accumulate in fp32, and o is rounded once more on the store. Each rounding moves an element by
+// at most u relative (bf16 u = 2^-8 = 3.9e-3, f16 u = 2^-11 = 4.9e-4), by about u / sqrt(3) rms.
+// About three such roundings sit in series on every path (state copy -> X -> Vn -> o or state),
+// partly averaged away by the 64..128-term sums, so the expected rel-L2 of o and of the final
+// state is a few u / sqrt(3): bf16 ~5e-3 .. 1e-2, f16 ~6e-4 .. 1.3e-3. Across chunks the state
+// carries its error forward, but (I - beta k k^T) with |k| = 1, beta <= 1 is a contraction and the
+// gate decays it, so it does not grow without bound even with no decay (hard inputs).
+// Limits: bf16 2e-2, f16 5e-3 over a whole case (about 4x the expected value), twice that for the
+// worst single (sequence, head), which holds few elements when a sequence is short. A bug in the
+// algebra (a dropped gate or beta, a row off by one, a stale padded row) gives 1e-1 .. 1; NaN or
+// inf gives an infinite error and fails.
+double tol_all(DType dt) { return dt == DType::bf16 ? 2e-2 : 5e-3; }
+double tol_worst(DType dt) { return 2 * tol_all(dt); }
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+void report(const std::string& what, const Spec& spec, const Errors& e, const std::string& kernel = "") {
+  std::printf("[gpu-err] %-40s %-4s o %.3e (worst %.3e)  state %.3e (worst %.3e)  %s\n", what.c_str(),
+              to_string(spec.qkv), e.o, e.o_worst, e.state, e.state_worst, kernel.c_str());
+  std::fflush(stdout);
+}
+
+void expect_within(const Spec& spec, const Errors& e) {
+  EXPECT_TRUE(e.issues.empty()) << e.issues;
+  EXPECT_LT(e.o, tol_all(spec.qkv)) << e.str();
+  EXPECT_LT(e.o_worst, tol_worst(spec.qkv)) << e.str();
+  if (spec.final_state) {
+    EXPECT_LT(e.state, tol_all(spec.qkv)) << e.str();
+    EXPECT_LT(e.state_worst, tol_worst(spec.qkv)) << e.str();
+  }
+}
+
+// Builds the case, runs the oracle and the CUDA plan, checks everything; returns the errors.
+Errors check_case(const Spec& spec, const std::string& what, std::string* kernel_out = nullptr) {
+  SCOPED_TRACE(spec.describe());
+  Case c = test::random_case(spec);
+  const test::Reference ref = test::run_reference(c);  // before the run: in place overwrites the initial state
+  DeviceCase d(c);
+  const std::string kernel = test::run_device(c, d);
+  const Errors e = test::compare(c, ref);
+  expect_within(spec, e);
+  report(what, spec, e, kernel);
+  if (kernel_out) *kernel_out = kernel;
+  return e;
+}
+
+// ---- Random sweep ------------------------------------------------------------------------------
+
+template <typename T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
+  return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
+}
+bool coin(std::mt19937_64& rng, double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+// Like the CPU sweep, within what the CUDA backend supports: dk, dv in {64, 128}; q/k/v/o strides
+// multiples of 8 elements.
+Spec random_spec(std::uint64_t seed, double budget) {
+  std::mt19937_64 rng(seed);
+  Spec s;
+  s.seed = seed;
+  for (;;) {
+    const int mode = pick(rng, {0, 1, 2});
+    const int base = pick(rng, {1, 2});
+    const int r = mode == 0 ? 1 : pick(rng, {2, 4});
+    s.Hq = s.Hk = s.Hv = base;
+    if (mode == 1) s.Hv = r * base;  // GVA
+    if (mode == 2) s.Hq = r * base;  // GQA
+    if (mode == 0) s.Hq = s.Hk = s.Hv = pick(rng, {1, 2, 3});
+    s.dk = pick(rng, {64, 128});
+    s.dv = pick(rng, {64, 128});
+    s.cu_seqlens = !coin(rng, 0.2);
+    s.lens.clear();
+    if (s.cu_seqlens) {
+      const int N = pick(rng, {1, 2, 3, 5, 8, 17, 50});
+      for (int i = 0; i < N; ++i) {
+        const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+        std::int64_t L = kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? pick(rng, {63, 64, 65, 128})
+                                       : std::uniform_int_distribution<std::int64_t>(1, N > 10 ? 40 : 300)(rng);
+        if (N <= 2 && coin(rng, 0.2)) L = 1500;
+        s.lens.push_back(L);
+      }
+      s.cu_dtype = pick(rng, {DType::i32, DType::i64});
+    } else {
+      const int N = pick(rng, {1, 2, 3, 4});
+      s.lens.assign(N, pick(rng, {1, 7, 63, 64, 65, 130, 500}));
+    }
+    const double cost = static_cast<double>(s.T()) * s.H() * s.dk * s.dv;
+    if (cost <= budget) break;
+  }
+  s.qkv = pick(rng, {DType::bf16, DType::f16});
+  s.beta_dtype = pick(rng, {DType::f32, DType::bf16, DType::f16});
+  s.has_gate = coin(rng, 0.85);
+  s.has_beta = coin(rng, 0.85);
+  s.initial_state = coin(rng);
+  s.final_state = coin(rng, 0.7);
+  s.gate_space = pick(rng, {GateSpace::log, GateSpace::linear});
+  s.layout = pick(rng, {StateLayout::kv, StateLayout::vk});
+  s.in_place = s.initial_state && s.final_state && coin(rng, 0.3);
+  s.fused_qkv = coin(rng, 0.3);
+  if (coin(rng, 0.3)) {
+    s.in_head_pad = pick(rng, {0, 8, 16});
+    s.in_token_pad = pick(rng, {0, 8, 24});
+  }
+  if (coin(rng, 0.3)) {
+    s.o_head_pad = pick(rng, {0, 8, 16});
+    s.o_token_pad = pick(rng, {0, 8, 64});
+  }
+  s.inputs = coin(rng, 0.2) ? Inputs::hard : Inputs::realistic;
+  if (coin(rng, 0.1)) s.scale = 0.37f;
+  return s;
+}
+
+TEST_F(Cuda, RandomSweep) {
+  constexpr int kCases = 80;
+  for (int i = 0; i < kCases; ++i) {
+    const Spec s = random_spec(5000 + i, 4e7);
+    check_case(s, "sweep seed=" + std::to_string(s.seed));
+    if (HasFailure()) break;  // one failing case (with its seed) is enough to read
+  }
+}
+
+// ---- Named cases ---------------------------------------------------------------------------------
+
+// Chunk boundaries: shorter than, exactly, just over one chunk, and many chunks.
+TEST_F(Cuda, SequenceLengths) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (std::int64_t L : {1, 2, 63, 64, 65, 127, 128, 129, 1000}) {
+      Spec s;
+      s.lens = {L};
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 128;
+      s.qkv = dt;
+      s.initial_state = true;
+      s.seed = 10 + L;
+      check_case(s, "L=" + std::to_string(L) + " 1/1/2 128");
+    }
+}
+
+TEST_F(Cuda, HeadDims) {
+  const int dims[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
+  int i = 0;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [dk, dv] : dims) {
+      Spec s;
+      s.lens = {65, 130, 3};
+      s.Hq = s.Hk = s.Hv = 1;
+      s.dk = dk;
+      s.dv = dv;
+      s.qkv = dt;
+      s.initial_state = true;
+      s.layout = i % 2 ? StateLayout::vk : StateLayout::kv;
+      s.seed = 100 + i++;
+      check_case(s, "dk=" + std::to_string(dk) + " dv=" + std::to_string(dv));
+    }
+}
+
+// MHA, GVA and GQA with ratios 2 and 4 (Qwen-like 16/32 heads scaled down).
+TEST_F(Cuda, HeadRatios) {
+  int i = 0;
+  for (int r : {1, 2, 4})
+    for (bool gqa : {false, true}) {
+      Spec s;
+      s.lens = {70, 0, 129};
+      s.Hq = s.Hk = s.Hv = 2;
+      (gqa ? s.Hq : s.Hv) = 2 * r;
+      s.dk = s.dv = 128;
+      s.initial_state = true;
+      s.seed = 200 + i++;
+      check_case(s, std::string(gqa ? "GQA" : "GVA") + " r=" + std::to_string(r));
+    }
+}
+
+// Every combination of the flags, both gate spaces and both state layouts.
+TEST_F(Cuda, AllOptions) {
+  int i = 0;
+  for (int bits = 0; bits < 64; ++bits) {
+    Spec s;
+    s.lens = {70, 0, 5, 64};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = s.dv = 64;
+    s.has_gate = bits & 1;
+    s.has_beta = bits & 2;
+    s.initial_state = bits & 4;
+    s.final_state = bits & 8;
+    s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
+    s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+    s.seed = 300 + i++;
+    check_case(s, "options bits=" + std::to_string(bits));
+  }
+}
+
+TEST_F(Cuda, Dtypes) {
+  int i = 0;
+  for (DType q : {DType::bf16, DType::f16})
+    for (DType b : {DType::f32, DType::bf16, DType::f16})
+      for (DType cu : {DType::i32, DType::i64}) {
+        Spec s;
+        s.lens = {100, 1, 64};
+        s.dk = s.dv = 128;
+        s.qkv = q;
+        s.beta_dtype = b;
+        s.cu_dtype = cu;
+        s.seed = 400 + i++;
+        check_case(s, std::string("beta=") + to_string(b) + " cu=" + to_string(cu));
+      }
+}
+
+// The batched [B, L] mode without cu_seqlens, and many sequences, some empty.
+TEST_F(Cuda, SequenceLayouts) {
+  Spec s;
+  s.cu_seqlens = false;
+  s.lens = {65, 65, 65, 65};
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.seed = 500;
+  check_case(s, "uniform 4 x 65");
+  s.lens = {1, 1, 1};
+  s.seed = 501;
+  check_case(s, "uniform 3 x 1");
+  s.cu_seqlens = true;
+  s.lens.clear();
+  for (int n = 0; n < 50; ++n) s.lens.push_back(n % 3 == 0 ? 0 : (n * 37) % 90 + 1);
+  s.lens.back() = 0;
+  s.cu_dtype = DType::i64;
+  s.seed = 502;
+  check_case(s, "packed 50 seqs, zero-length ones");
+}
+
+// More sequences than gridDim.z allows (65535): CTAs stride over sequences.
+TEST_F(Cuda, ManySequences) {
+  Spec s;
+  s.lens.assign(70000, 1);
+  for (std::size_t n = 0; n < s.lens.size(); n += 7) s.lens[n] = 0;
+  for (std::size_t n = 3; n < s.lens.size(); n += 1000) s.lens[n] = 70;
+  s.Hq = s.Hk = s.Hv = 1;
+  s.dk = s.dv = 64;
+  s.initial_state = true;
+  s.seed = 550;
+  check_case(s, "N=70000 short seqs");
+}
+
+// Nothing to compute: final state = initial state (or zeros), no o rows.
+TEST_F(Cuda, EmptyProblems) {
+  for (bool init : {false, true})
+    for (bool uniform : {false, true}) {
+      Spec s;
+      s.lens = {0, 0, 0};
+      s.cu_seqlens = !uniform;
+      s.dk = s.dv = 128;
+      s.initial_state = init;
+      s.layout = init ? StateLayout::vk : StateLayout::kv;
+      s.seed = 600;
+      const Errors e = check_case(s, std::string("empty init=") + (init ? "1" : "0") + " uniform=" + (uniform ? "1" : "0"));
+      EXPECT_EQ(e.state, 0.0);
+    }
+  // Zero-length sequences between real ones, in place.
+  Spec s;
+  s.lens = {0, 100, 0, 0, 64, 0};
+  s.dk = s.dv = 128;
+  s.initial_state = s.final_state = s.in_place = true;
+  s.seed = 601;
+  check_case(s, "zero-length between, in place");
+}
+
+// q, k, v as slices of one fused projection buffer; padded head and token strides (multiples of
+// 8; the padding holds NaN, so a misplaced read fails); o with padded head and token strides.
+TEST_F(Cuda, Strides) {
+  int i = 0;
+  for (bool fused : {true, false})
+    for (int pad : {0, 8, 16}) {
+      Spec s;
+      s.lens = {130, 0, 17};
+      s.Hq = s.Hk = 2;
+      s.Hv = 4;
+      s.dk = 128;
+      s.dv = 64;
+      s.fused_qkv = fused;
+      s.in_head_pad = pad;
+      s.in_token_pad = 2 * pad + 8;
+      s.o_head_pad = pad;
+      s.o_token_pad = 64 - pad;
+      s.beta_dtype = pad == 8 ? DType::bf16 : DType::f32;
+      s.initial_state = true;
+      s.seed = 700 + i++;
+      check_case(s, std::string("strides fused=") + (fused ? "1" : "0") + " pad=" + std::to_string(pad));
+    }
+}
+
+// final_state == initial_state: each CTA reads its whole state block before writing it.
+TEST_F(Cuda, InPlaceState) {
+  int i = 0;
+  for (StateLayout layout : {StateLayout::kv, StateLayout::vk}) {
+    Spec s;
+    s.lens = {100, 0, 64, 1};
+    s.Hq = s.Hk = 1;
+    s.Hv = 4;
+    s.dk = 128;
+    s.dv = 128;
+    s.initial_state = s.final_state = s.in_place = true;
+    s.layout = layout;
+    s.seed = 800 + i++;
+    check_case(s, std::string("in place ") + to_string(layout));
+  }
+}
+
+// Almost no decay (g in (-1e-3, 0]) and beta ~ 1 over 16K tokens: the state remembers everything,
+// so rounding errors are carried across 256 chunks instead of being forgotten.
+TEST_F(Cuda, HardInputs16K) {
+  int i = 0;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (GateSpace gs : {GateSpace::log, GateSpace::linear}) {
+      Spec s;
+      s.lens = {16384};
+      s.Hq = s.Hk = s.Hv = 1;
+      s.dk = s.dv = 128;
+      s.qkv = dt;
+      s.gate_space = gs;
+      s.inputs = Inputs::hard;
+      s.initial_state = gs == GateSpace::linear;
+      s.seed = 900 + i++;
+      check_case(s, std::string("L=16384 hard ") + to_string(gs));
+    }
+  // No gate at all (decay exactly 1) and beta exactly 1.
+  Spec s;
+  s.lens = {3000, 700};
+  s.dk = s.dv = 128;
+  s.has_gate = s.has_beta = false;
+  s.seed = 950;
+  check_case(s, "L=3000+700 no gate, no beta");
+}
+
+// One 64K-token sequence with GVA 1/1/4: everything checked for being written, two heads checked
+// against the oracle (the oracle over all heads would take minutes).
+TEST_F(Cuda, LongSequence64K) {
+  Spec s;
+  s.lens = {65536};
+  s.Hq = s.Hk = 1;
+  s.Hv = 4;
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.seed = 960;
+  SCOPED_TRACE(s.describe());
+  Case c = test::random_case(s);
+  std::vector<std::vector<double>> ro(2), rs(2);
+  const int heads[2] = {0, 3};
+  for (int i = 0; i < 2; ++i) reference::recurrence(c.problem, c.tensors(), 0, heads[i], ro[i], rs[i]);
+  DeviceCase d(c);
+  const std::string kernel = test::run_device(c, d);
+  EXPECT_EQ(test::written_issues(c), "");
+  for (int i = 0; i < 2; ++i) {
+    const test::PairErrors pe = test::pair_errors(c, 0, heads[i], ro[i], rs[i]);
+    Errors e;
+    e.o = e.o_worst = pe.o;
+    e.state = e.state_worst = pe.state;
+    expect_within(s, e);
+    report("L=65536 head " + std::to_string(heads[i]), s, e, kernel);
+  }
+}
+
+// Linear-space gates of exactly 0 (full reset; log(FLT_MIN) in the kernel) and exactly 1.
+TEST_F(Cuda, LinearGateExtremes) {
+  Spec s;
+  s.lens = {200, 70};
+  s.dk = s.dv = 128;
+  s.gate_space = GateSpace::linear;
+  s.initial_state = true;
+  s.seed = 1000;
+  Case c = test::random_case(s);
+  for (std::int64_t t = 0; t < c.shape.T; ++t)
+    for (int h = 0; h < c.shape.H; ++h) {
+      float& a = c.g[static_cast<std::size_t>(t * c.shape.g.token + h * c.shape.g.head)];
+      if (t % 7 == 3) a = 0.0f;
+      if (t % 5 == 1) a = 1.0f;
+    }
+  const test::Reference ref = test::run_reference(c);
+  DeviceCase d(c);
+  const std::string kernel = test::run_device(c, d);
+  const Errors e = test::compare(c, ref);
+  expect_within(s, e);
+  report("linear gates 0 and 1", s, e, kernel);
+}
+
+// Value-column blocks of 64 (chosen when there are many (sequence, head) walks): force the
+// planner's choice with enough sequences for the device's SM count.
+TEST_F(Cuda, WideValueBlocks) {
+  const int sms = test::sm_count();
+  int i = 0;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int dk : {64, 128})
+      for (int dv : {64, 128}) {
+        Spec s;
+        s.Hq = s.Hk = 1;
+        s.Hv = 8;
+        const int walks_needed = 2 * sms / (s.Hv * (dv / 64)) + 1;
+        s.lens.clear();
+        for (int n = 0; n < walks_needed; ++n) s.lens.push_back(n % 5 == 0 ? 0 : 20 + (n * 53) % 140);
+        s.dk = dk;
+        s.dv = dv;
+        s.qkv = dt;
+        s.initial_state = i % 2;
+        s.layout = i % 3 ? StateLayout::kv : StateLayout::vk;
+        s.seed = 1050 + i++;
+        std::string kernel;
+        check_case(s, "dv block 64 dk=" + std::to_string(dk) + " dv=" + std::to_string(dv), &kernel);
+        EXPECT_NE(kernel.find("dv64"), std::string::npos) << kernel;
+      }
+  // Few walks: the planner splits value columns into blocks of 32.
+  Spec s;
+  s.lens = {100};
+  s.Hq = s.Hk = s.Hv = 1;
+  s.dk = s.dv = 128;
+  s.seed = 1060;
+  std::string kernel;
+  check_case(s, "dv block 32", &kernel);
+  EXPECT_NE(kernel.find("dv32"), std::string::npos) << kernel;
+}
+
+// Running the first part of each sequence, then the rest from its final state, equals one run:
+// within tolerance of the oracle always, and bit for bit when the split is on a chunk boundary.
+TEST_F(Cuda, Continuation) {
+  struct Split { std::vector<std::int64_t> lens, cut; };
+  const Split splits[] = {{{300, 200}, {128, 64}}, {{300, 200, 90}, {100, 1, 89}}, {{65}, {0}}, {{65}, {65}}};
+  int i = 0;
+  for (const Split& sp : splits)
+    for (StateLayout layout : {StateLayout::kv, StateLayout::vk}) {
+      Spec s;
+      s.lens = sp.lens;
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 128;
+      s.initial_state = true;
+      s.layout = layout;
+      s.seed = 1100 + i++;
+      SCOPED_TRACE(s.describe());
+      Case full = test::random_case(s);
+      const test::Reference ref = test::run_reference(full);
+      {
+        DeviceCase d(full);
+        test::run_device(full, d);
+      }
+      std::vector<std::int64_t> zero(sp.lens.size(), 0);
+      Case a = test::sub_case(full, zero, sp.cut);
+      Case b = test::sub_case(full, sp.cut, sp.lens);
+      {
+        DeviceCase d(a);
+        test::run_device(a, d);
+      }
+      std::copy_n(a.fin.data(), a.state_elems(), b.init.data());
+      {
+        DeviceCase d(b);
+        test::run_device(b, d);
+      }
+      const detail::Shape& fs = full.shape;
+      std::vector<double> o(ref.o.size()), o_full = test::gather_o(full);
+      const std::vector<double> oa = test::gather_o(a), ob = test::gather_o(b);
+      for (std::size_t n = 0; n < sp.lens.size(); ++n)
+        for (std::int64_t t = 0; t < sp.lens[n]; ++t) {
+          const bool first = t < sp.cut[n];
+          const std::int64_t src = first ? a.starts[n] + t : b.starts[n] + t - sp.cut[n];
+          std::copy_n((first ? oa : ob).data() + src * fs.H * fs.dv, fs.H * fs.dv,
+                      o.data() + (full.starts[n] + t) * fs.H * fs.dv);
+        }
+      const std::vector<double> st = test::gather_state(b), st_full = test::gather_state(full);
+      Errors e;
+      e.o = e.o_worst = test::rel_l2(o, ref.o);
+      e.state = e.state_worst = test::rel_l2(st, ref.state);
+      EXPECT_LT(e.o, tol_all(s.qkv));
+      EXPECT_LT(e.state, tol_all(s.qkv));
+      report("continuation split " + std::to_string(i), s, e);
+      bool aligned = true;
+      for (auto c : sp.cut) aligned = aligned && c % 64 == 0;
+      if (aligned) {
+        EXPECT_EQ(o, o_full) << "split on chunk boundaries must be bit-identical";
+        EXPECT_EQ(st, st_full) << "split on chunk boundaries must be bit-identical";
+      }
+    }
+}
+
+// Runs are deterministic: the same inputs give bit-identical outputs, run after run.
+TEST_F(Cuda, BitwiseRepeatable) {
+  Spec s;
+  s.lens = {1000, 0, 65, 300};
+  s.Hq = s.Hk = 2;
+  s.Hv = 4;
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.seed = 1200;
+  Case c = test::random_case(s);
+  DeviceCase d(c);
+  const Plan plan = Plan::create(d.problem());
+  std::vector<std::uint16_t> o0;
+  std::vector<float> s0;
+  for (int rep = 0; rep < 5; ++rep) {
+    c.poison_outputs();
+    d.upload();
+    plan.run(d.tensors(), nullptr, 0, nullptr);
+    GDN_CUDA(cudaDeviceSynchronize());
+    d.download();
+    EXPECT_EQ(test::written_issues(c), "");
+    if (rep == 0) {
+      o0 = c.o.buf;
+      s0 = c.fin.buf;
+    } else {
+      EXPECT_EQ(std::memcmp(o0.data(), c.o.buf.data(), o0.size() * 2), 0) << "o differs in run " << rep;
+      EXPECT_EQ(std::memcmp(s0.data(), c.fin.buf.data(), s0.size() * 4), 0) << "state differs in run " << rep;
+    }
+  }
+}
+
+// Two plans for different problems run concurrently on two streams, several times over; both
+// results are right.
+TEST_F(Cuda, TwoStreams) {
+  Spec sa;
+  sa.lens = {2000, 500};
+  sa.Hq = sa.Hk = 2;
+  sa.Hv = 4;
+  sa.dk = sa.dv = 128;
+  sa.qkv = DType::bf16;
+  sa.initial_state = true;
+  sa.seed = 1300;
+  Spec sb;
+  sb.lens = {70, 1, 900, 0, 64};
+  sb.Hq = 4;
+  sb.Hk = sb.Hv = 2;
+  sb.dk = sb.dv = 64;
+  sb.qkv = DType::f16;
+  sb.layout = StateLayout::vk;
+  sb.gate_space = GateSpace::linear;
+  sb.beta_dtype = DType::bf16;
+  sb.cu_dtype = DType::i64;
+  sb.seed = 1301;
+  Case a = test::random_case(sa), b = test::random_case(sb);
+  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+  DeviceCase da(a), db(b);
+  const Plan pa = Plan::create(da.problem()), pb = Plan::create(db.problem());
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (int rep = 0; rep < 4; ++rep) {
+    pa.run(da.tensors(), nullptr, 0, s1);
+    pb.run(db.tensors(), nullptr, 0, s2);
+  }
+  GDN_CUDA(cudaStreamSynchronize(s1));
+  GDN_CUDA(cudaStreamSynchronize(s2));
+  da.download(s1);
+  db.download(s2);
+  GDN_CUDA(cudaStreamDestroy(s1));
+  GDN_CUDA(cudaStreamDestroy(s2));
+  const Errors ea = test::compare(a, ra), eb = test::compare(b, rb);
+  expect_within(sa, ea);
+  expect_within(sb, eb);
+  report("two streams: A", sa, ea, pa.kernel_name());
+  report("two streams: B", sb, eb, pb.kernel_name());
+}
+
+// run() captured into a CUDA graph; the graph replayed after new input values were copied into
+// the same buffers gives the new, right answer.
+TEST_F(Cuda, GraphCapture) {
+  Spec s;
+  s.lens = {300, 0, 65, 1};
+  s.Hq = s.Hk = 1;
+  s.Hv = 4;
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.seed = 1400;
+  Case c = test::random_case(s);
+  const test::Reference r1 = test::run_reference(c);
+  DeviceCase d(c);
+  const Plan plan = Plan::create(d.problem());
+  cudaStream_t stream = nullptr;
+  GDN_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GDN_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  plan.run(d.tensors(), nullptr, 0, stream);
+  GDN_CUDA(cudaStreamEndCapture(stream, &graph));
+  GDN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  GDN_CUDA(cudaGraphLaunch(exec, stream));
+  d.download(stream);
+  const Errors e1 = test::compare(c, r1);
+  expect_within(s, e1);
+  report("graph replay 1", s, e1, plan.kernel_name());
+
+  // New values (a different seed), outputs poisoned again, same device buffers.
+  c.spec.seed = 1401;
+  test::fill_inputs(c);
+  c.poison_outputs();
+  const test::Reference r2 = test::run_reference(c);
+  d.upload(stream);
+  GDN_CUDA(cudaGraphLaunch(exec, stream));
+  d.download(stream);
+  const Errors e2 = test::compare(c, r2);
+  expect_within(s, e2);
+  report("graph replay 2 (new inputs)", s, e2, plan.kernel_name());
+
+  GDN_CUDA(cudaGraphExecDestroy(exec));
+  GDN_CUDA(cudaGraphDestroy(graph));
+  GDN_CUDA(cudaStreamDestroy(stream));
+}
+
+// ---- Errors the CUDA backend adds ------------------------------------------------------------------
+
+void expect_error(const std::function<void()>& f, Error::Kind kind, const std::string& argument,
+                  const std::string& part) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.kind()), static_cast<int>(kind)) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no gdnkit::Error thrown (expected one about " << argument << ")";
+}
+
+Problem cuda_problem() {
+  Problem p;
+  p.total_tokens = 100;
+  p.num_seqs = 1;
+  p.has_cu_seqlens = false;
+  p.num_q_heads = p.num_k_heads = p.num_v_heads = 2;
+  p.memory = Memory::cuda;
+  return p;
+}
+
+TEST_F(Cuda, UnsupportedHeadDims) {
+  Problem p = cuda_problem();
+  p.head_dim_k = 96;
+  expect_error([&] { Plan::create(p); }, Error::Kind::unsupported, "head_dim_k",
+               "head_dim_k: expected 64 or 128 for the CUDA backend, got 96");
+  p.head_dim_k = 128;
+  p.head_dim_v = 256;
+  expect_error([&] { Plan::create(p); }, Error::Kind::unsupported, "head_dim_v",
+               "head_dim_v: expected 64 or 128 for the CUDA backend, got 256");
+}
+
+TEST_F(Cuda, VectorStrides) {
+  Problem p = cuda_problem();
+  p.q.head = 132;  // not a multiple of 8
+  expect_error([&] { Plan::create(p); }, Error::Kind::invalid_value, "q.head stride", "a multiple of 8");
+  p = cuda_problem();
+  p.v.token = 2 * 128 + 4;
+  expect_error([&] { Plan::create(p); }, Error::Kind::invalid_value, "v.token stride", "a multiple of 8");
+  p = cuda_problem();
+  p.o.token = 2 * 128 + 12;
+  expect_error([&] { Plan::create(p); }, Error::Kind::invalid_value, "o.token stride", "got 268");
+}
+
+TEST_F(Cuda, MisalignedPointer) {
+  Spec s;
+  s.lens = {10};
+  s.dk = s.dv = 128;
+  Case c = test::random_case(s);
+  DeviceCase d(c);
+  const Plan plan = Plan::create(d.problem());
+  Tensors t = d.tensors();
+  t.k = static_cast<const unsigned char*>(t.k) + 2;
+  expect_error([&] { plan.run(t, nullptr, 0, nullptr); }, Error::Kind::invalid_value, "k", "16-byte aligned");
+  t = d.tensors();
+  t.o = static_cast<unsigned char*>(t.o) + 8;
+  expect_error([&] { plan.run(t, nullptr, 0, nullptr); }, Error::Kind::invalid_value, "o", "16-byte aligned");
+  GDN_CUDA(cudaDeviceSynchronize());
+}
+
+TEST_F(Cuda, WrongDevice) {
+  int count = 0;
+  GDN_CUDA(cudaGetDeviceCount(&count));
+  if (count < 2) GTEST_SKIP() << "needs two devices";
+  int dev = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  Spec s;
+  s.lens = {10};
+  s.dk = s.dv = 128;
+  Case c = test::random_case(s);
+  DeviceCase d(c);
+  const Plan plan = Plan::create(d.problem());
+  GDN_CUDA(cudaSetDevice((dev + 1) % count));
+  expect_error([&] { plan.run(d.tensors(), nullptr, 0, nullptr); }, Error::Kind::invalid_value, "device",
+               "expected the plan's device");
+  GDN_CUDA(cudaSetDevice(dev));
+}
+
+TEST_F(Cuda, PlanReportsKernel) {
+  Problem p = cuda_problem();
+  const Plan plan = Plan::create(p);
+  EXPECT_EQ(plan.backend(), Backend::cuda);
+  EXPECT_EQ(plan.workspace_bytes(), 0u);
+  EXPECT_EQ(std::string(plan.kernel_name()).rfind("cuda-chunked-wmma-", 0), 0u) << plan.kernel_name();
+  std::printf("[gpu-info] kernel %s on %d SMs\n", plan.kernel_name(), test::sm_count());
+}
+
+}  // namespace
