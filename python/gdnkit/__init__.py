@@ -27,10 +27,17 @@ def _current_stream(q):
     stream)."""
     is_cuda = getattr(q, "is_cuda", None)
     if is_cuda is not None:  # torch (it is imported: q is one of its tensors)
-        return _sys.modules["torch"].cuda.current_stream(q.device).cuda_stream if is_cuda else 0
+        if not is_cuda:
+            return 0
+        torch = _sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's own kernels use
+        if raw is not None:
+            return raw(q.get_device())
+        return torch.cuda.current_stream(q.device).cuda_stream
     cupy = _sys.modules.get("cupy")
     if cupy is not None and isinstance(q, cupy.ndarray):
-        return cupy.cuda.get_current_stream().ptr
+        with q.device:
+            return cupy.cuda.get_current_stream().ptr
     return 0
 
 

@@ -1,10 +1,11 @@
 // gdnkit._gdnkit: the nanobind binding behind gdnkit.chunk_gated_delta_rule.
 //
 // Tensors arrive as any DLPack-capable object (NumPy arrays, torch tensors, CuPy arrays, ...) and
-// are inspected generically: dtype, device and strides come from DLPack, never from a framework's
-// own API. Outputs (o, final_state) and, for device memory, the workspace are allocated with the
-// framework of q (numpy.empty / torch.empty / the array-API namespace's empty), on q's device, so
-// the binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
+// are inspected generically through DLPack: dtype, device, shape and strides. torch tensors take a
+// faster road to the same facts (their attributes; torch's __dlpack__ is Python code). Outputs
+// (o, final_state) and, for device memory, the workspace are allocated with the framework of q
+// (numpy.empty / q.new_empty / cupy.empty / the array-API namespace's empty), on q's device, so the
+// binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
 // per-call overhead low.
 //
 // Errors: gdnkit::Error maps to ValueError (invalid_value), TypeError (invalid_type) and
@@ -38,8 +39,6 @@ using Kind = gdnkit::Error::Kind;
 
 // Read-only view: accepts read-only NumPy arrays too (the binding never writes through an input).
 using Array = nb::ndarray<nb::ro>;
-// Writable view of an output the binding allocated.
-using OutArray = nb::ndarray<>;
 
 [[noreturn]] void fail(Kind kind, const std::string& argument, const std::string& expected,
                        const std::string& got) {
@@ -74,50 +73,75 @@ void init_globals() {
 bool is_numpy(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), (PyTypeObject*)G.np_ndarray); }
 
 // ---------------------------------------------------------------------------------------------
-// Formatting helpers for messages.
-
-std::string str(std::int64_t x) { return std::to_string(x); }
-
-std::string shape_str(const Array& a) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < a.ndim(); ++i) {
-    if (i) s += ", ";
-    s += str(static_cast<std::int64_t>(a.shape(i)));
-  }
-  if (a.ndim() == 1) s += ",";
-  return s + ")";
-}
-
-std::string strides_str(const Array& a) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < a.ndim(); ++i) {
-    if (i) s += ", ";
-    s += str(a.stride(i));
-  }
-  if (a.ndim() == 1) s += ",";
-  return s + ")";
-}
-
-std::string py_type_name(nb::handle obj) { return nb::type_name(obj.type()).c_str(); }
-
-// ---------------------------------------------------------------------------------------------
-// Tensor import.
+// Tensors: what the binding needs of an argument, read through DLPack or, for torch tensors, through
+// their attributes (torch's __dlpack__ is Python code costing microseconds per tensor; data_ptr(),
+// stride() and friends are C attribute reads).
 
 enum class Elem : std::uint8_t { f16, bf16, f32, f64, i32, i64, other };
+enum class Dev : std::uint8_t { host, cuda, other };
+
+constexpr int kMaxDims = 8;
 
 struct Tensor {
   const char* name = "";
-  nb::handle obj;  // the caller's object (borrowed: the caller's frame keeps it alive)
-  Array arr;       // holds the DLPack export alive for the duration of the call
+  nb::handle obj;          // the caller's object (borrowed: the caller's frame keeps it alive)
+  Array arr;               // DLPack path: keeps the export alive for the duration of the call
+  bool present = false;
+  const void* data = nullptr;
+  int ndim = 0;
+  std::int64_t shape[kMaxDims] = {};
+  std::int64_t strides[kMaxDims] = {};  // in elements
   Elem elem = Elem::other;
-  std::string dtype_name;  // for messages, computed only when needed
+  std::string other_dtype;  // the dtype's name when elem == other (messages only)
+  Dev dev = Dev::host;
+  int device_id = 0;
+  std::string other_device;  // the device's name when dev == other (messages only)
 
-  bool present() const { return arr.is_valid(); }
-  std::int64_t dim(std::size_t i) const { return static_cast<std::int64_t>(arr.shape(i)); }
-  std::int64_t stride(std::size_t i) const { return arr.stride(i); }
-  int ndim() const { return static_cast<int>(arr.ndim()); }
-  const void* data() const { return arr.data(); }
+  std::int64_t dim(int i) const { return shape[i]; }
+  std::int64_t stride(int i) const { return strides[i]; }
 };
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+std::string tuple_str(const std::int64_t* v, int n) {
+  std::string s = "(";
+  for (int i = 0; i < n; ++i) {
+    if (i) s += ", ";
+    s += str(v[i]);
+  }
+  if (n == 1) s += ",";
+  return s + ")";
+}
+std::string shape_str(const Tensor& t) { return tuple_str(t.shape, t.ndim); }
+std::string strides_str(const Tensor& t) { return tuple_str(t.strides, t.ndim); }
+
+std::string py_type_name(nb::handle obj) { return nb::type_name(obj.type()).c_str(); }
+
+const char* elem_name(Elem e) {
+  switch (e) {
+    case Elem::f16: return "float16";
+    case Elem::bf16: return "bfloat16";
+    case Elem::f32: return "float32";
+    case Elem::f64: return "float64";
+    case Elem::i32: return "int32";
+    case Elem::i64: return "int64";
+    case Elem::other: break;
+  }
+  return "?";
+}
+
+std::string dtype_of(const Tensor& t) { return t.elem != Elem::other ? elem_name(t.elem) : t.other_dtype; }
+
+std::string device_str(const Tensor& t) {
+  switch (t.dev) {
+    case Dev::host: return "cpu";
+    case Dev::cuda: return "cuda:" + std::to_string(t.device_id);
+    case Dev::other: break;
+  }
+  return t.other_device;
+}
+
+// ---- DLPack path ----
 
 Elem classify(nb::dlpack::dtype d) {
   using C = nb::dlpack::dtype_code;
@@ -152,23 +176,6 @@ std::string dlpack_dtype_name(nb::dlpack::dtype d) {
   return s;
 }
 
-const char* elem_name(Elem e) {
-  switch (e) {
-    case Elem::f16: return "float16";
-    case Elem::bf16: return "bfloat16";
-    case Elem::f32: return "float32";
-    case Elem::f64: return "float64";
-    case Elem::i32: return "int32";
-    case Elem::i64: return "int64";
-    case Elem::other: break;
-  }
-  return "?";
-}
-
-std::string dtype_of(const Tensor& t) {
-  return t.elem != Elem::other ? elem_name(t.elem) : dlpack_dtype_name(t.arr.dtype());
-}
-
 // A NumPy array of ml_dtypes.bfloat16 (or any 2-byte dtype NumPy calls "bfloat16") cannot be
 // exported through DLPack by NumPy; it is read through a uint16 view instead.
 bool numpy_bfloat16(nb::handle obj) {
@@ -179,25 +186,158 @@ bool numpy_bfloat16(nb::handle obj) {
          nb::cast<int>(dt.attr("itemsize")) == 2;
 }
 
-// Imports obj (which must not be None) as a DLPack tensor; on failure raises TypeError naming it.
-Array import_array(nb::handle obj, const char* name, bool* bf16_view) {
-  Array a;
-  if (nb::try_cast(obj, a, /*convert=*/false)) return a;
-  if (numpy_bfloat16(obj)) {
-    nb::object view = nb::steal(PyObject_CallMethod(obj.ptr(), "view", "O", G.np_uint16));
-    if (view.is_valid() && nb::try_cast(view, a, false)) {
-      if (bf16_view) *bf16_view = true;
-      return a;
+void read_dlpack(Tensor& t) {
+  const nb::handle obj = t.obj;
+  bool bf16_view = false;
+  if (!nb::try_cast(obj, t.arr, /*convert=*/false)) {
+    bool ok = false;
+    if (numpy_bfloat16(obj)) {
+      nb::object view = nb::steal(PyObject_CallMethod(obj.ptr(), "view", "O", G.np_uint16));
+      ok = view.is_valid() && nb::try_cast(view, t.arr, false);
+      if (!view.is_valid()) PyErr_Clear();
+      bf16_view = ok;
     }
-    PyErr_Clear();
+    if (!ok) {
+      // Give the reason where a known framework refuses to export.
+      nb::object rg = nb::getattr(obj, "requires_grad", nb::none());
+      if (rg.is_valid() && !rg.is_none() && PyObject_IsTrue(rg.ptr()) == 1)
+        fail(Kind::invalid_value, t.name,
+             "a tensor that does not require grad (gdnkit is forward-only: use torch.no_grad() or .detach())",
+             "requires_grad=True");
+      fail(Kind::invalid_type, t.name, "a DLPack-capable tensor (NumPy array, torch tensor, ...)",
+           py_type_name(obj));
+    }
   }
-  // Give the reason where a known framework refuses to export.
-  nb::object rg = nb::getattr(obj, "requires_grad", nb::none());
-  if (rg.is_valid() && !rg.is_none() && PyObject_IsTrue(rg.ptr()) == 1)
-    fail(Kind::invalid_value, name,
-         "a tensor that does not require grad (gdnkit is forward-only: use torch.no_grad() or .detach())",
-         "requires_grad=True");
-  fail(Kind::invalid_type, name, "a DLPack-capable tensor (NumPy array, torch tensor, ...)", py_type_name(obj));
+  const Array& a = t.arr;
+  if (a.ndim() > static_cast<std::size_t>(kMaxDims))
+    fail(Kind::invalid_value, t.name, "at most " + std::to_string(kMaxDims) + " dims", std::to_string(a.ndim()));
+  t.ndim = static_cast<int>(a.ndim());
+  for (int i = 0; i < t.ndim; ++i) {
+    t.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    t.strides[i] = a.stride(i);
+  }
+  t.data = a.data();
+  t.elem = bf16_view ? Elem::bf16 : classify(a.dtype());
+  if (t.elem == Elem::other) t.other_dtype = dlpack_dtype_name(a.dtype());
+  switch (a.device_type()) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value: t.dev = Dev::host; break;  // pinned host memory is host memory
+    case nb::device::cuda::value:
+    case nb::device::cuda_managed::value: t.dev = Dev::cuda; break;
+    default:
+      t.dev = Dev::other;
+      t.other_device = "DLPack device type " + std::to_string(a.device_type());
+  }
+  t.device_id = a.device_id();
+}
+
+// ---- torch path ----
+
+struct Torch {
+  PyObject* tensor = nullptr;  // torch.Tensor
+  PyObject* parameter = nullptr;  // torch.nn.Parameter
+  PyObject* f16 = nullptr, *bf16 = nullptr, *f32 = nullptr, *f64 = nullptr, *i32 = nullptr, *i64 = nullptr,
+          *u8 = nullptr;
+  PyObject *s_data_ptr = nullptr, *s_dtype = nullptr, *s_shape = nullptr, *s_stride = nullptr,
+           *s_is_cuda = nullptr, *s_is_cpu = nullptr, *s_get_device = nullptr, *s_new_empty = nullptr;
+};
+Torch TT;  // filled the first time a call finds torch imported; never released (see Globals)
+
+// True once torch is imported (looked up in sys.modules: gdnkit never imports torch itself).
+bool torch_ready() {
+  if (TT.tensor) return true;
+  PyObject* m = PyImport_GetModule(nb::str("torch").ptr());
+  if (!m) {
+    PyErr_Clear();
+    return false;
+  }
+  nb::object torch = nb::steal(m);
+  if (torch.is_none()) return false;
+  try {
+    auto keep = [&](const char* name) { return nb::object(torch.attr(name)).release().ptr(); };
+    Torch t;
+    t.f16 = keep("float16");
+    t.bf16 = keep("bfloat16");
+    t.f32 = keep("float32");
+    t.f64 = keep("float64");
+    t.i32 = keep("int32");
+    t.i64 = keep("int64");
+    t.u8 = keep("uint8");
+    t.parameter = nb::object(torch.attr("nn").attr("Parameter")).release().ptr();
+    for (auto [slot, name] : {std::pair{&t.s_data_ptr, "data_ptr"}, {&t.s_dtype, "dtype"}, {&t.s_shape, "shape"},
+                              {&t.s_stride, "stride"}, {&t.s_is_cuda, "is_cuda"}, {&t.s_is_cpu, "is_cpu"},
+                              {&t.s_get_device, "get_device"}, {&t.s_new_empty, "new_empty"}}) {
+      *slot = PyUnicode_InternFromString(name);
+      if (!*slot) throw nb::python_error();
+    }
+    t.tensor = keep("Tensor");  // last: marks TT as complete
+    TT = t;
+  } catch (const nb::python_error&) {
+    return false;  // a torch without these attributes: the DLPack path handles its tensors
+  }
+  return true;
+}
+
+bool is_torch(nb::handle obj) {
+  if (!torch_ready()) return false;
+  PyObject* type = (PyObject*)Py_TYPE(obj.ptr());
+  return type == TT.tensor || type == TT.parameter;
+}
+
+// Reads a torch tensor through its attributes; false (no error set) when anything is unusual, and
+// the DLPack path then takes over.
+bool read_torch(Tensor& t) {
+  PyObject* o = t.obj.ptr();
+  auto get = [&](PyObject* name) { return nb::steal(PyObject_GetAttr(o, name)); };
+  auto call = [&](PyObject* name) { return nb::steal(PyObject_CallMethodNoArgs(o, name)); };
+  nb::object dtype = get(TT.s_dtype), shape = get(TT.s_shape), strides = call(TT.s_stride),
+             is_cuda = get(TT.s_is_cuda), ptr = call(TT.s_data_ptr);
+  if (!dtype.is_valid() || !shape.is_valid() || !strides.is_valid() || !is_cuda.is_valid() || !ptr.is_valid() ||
+      !PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr()) ||
+      PyTuple_GET_SIZE(shape.ptr()) != PyTuple_GET_SIZE(strides.ptr()) ||
+      PyTuple_GET_SIZE(shape.ptr()) > kMaxDims) {
+    PyErr_Clear();
+    return false;
+  }
+  t.ndim = static_cast<int>(PyTuple_GET_SIZE(shape.ptr()));
+  for (int i = 0; i < t.ndim; ++i) {
+    t.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    t.strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides.ptr(), i));
+  }
+  t.data = PyLong_AsVoidPtr(ptr.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* d = dtype.ptr();
+  t.elem = d == TT.f16 ? Elem::f16 : d == TT.bf16 ? Elem::bf16 : d == TT.f32 ? Elem::f32 : d == TT.f64 ? Elem::f64
+         : d == TT.i32 ? Elem::i32 : d == TT.i64 ? Elem::i64 : Elem::other;
+  if (t.elem == Elem::other) {
+    t.other_dtype = nb::str(dtype).c_str();
+    if (t.other_dtype.rfind("torch.", 0) == 0) t.other_dtype.erase(0, 6);
+  }
+  if (is_cuda.ptr() == Py_True) {
+    nb::object index = call(TT.s_get_device);
+    if (!index.is_valid()) {
+      PyErr_Clear();
+      return false;
+    }
+    t.dev = Dev::cuda;
+    t.device_id = static_cast<int>(PyLong_AsLong(index.ptr()));
+  } else {
+    nb::object is_cpu = get(TT.s_is_cpu);
+    if (!is_cpu.is_valid()) {
+      PyErr_Clear();
+      return false;
+    }
+    if (is_cpu.ptr() == Py_True) {
+      t.dev = Dev::host;
+    } else {
+      t.dev = Dev::other;
+      t.other_device = nb::str(nb::getattr(t.obj, "device")).c_str();
+    }
+  }
+  return true;
 }
 
 Tensor import_tensor(nb::handle obj, const char* name) {
@@ -205,45 +345,19 @@ Tensor import_tensor(nb::handle obj, const char* name) {
   t.name = name;
   t.obj = obj;
   if (obj.is_none()) return t;
-  bool bf16_view = false;
-  t.arr = import_array(obj, name, &bf16_view);
-  t.elem = bf16_view ? Elem::bf16 : classify(t.arr.dtype());
+  t.present = true;
+  if (!(is_torch(obj) && read_torch(t))) read_dlpack(t);
   return t;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Devices.
-
-enum class Dev : std::uint8_t { host, cuda, other };
-
-Dev dev_kind(int device_type) {
-  switch (device_type) {
-    case nb::device::cpu::value:
-    case nb::device::cuda_host::value: return Dev::host;  // pinned host memory is host memory
-    case nb::device::cuda::value:
-    case nb::device::cuda_managed::value: return Dev::cuda;
-    default: return Dev::other;
-  }
-}
-
-std::string device_str(const Array& a) {
-  switch (a.device_type()) {
-    case nb::device::cpu::value: return "cpu";
-    case nb::device::cuda_host::value: return "cuda_host";
-    case nb::device::cuda::value: return "cuda:" + std::to_string(a.device_id());
-    case nb::device::cuda_managed::value: return "cuda_managed:" + std::to_string(a.device_id());
-    default: return "DLPack device type " + std::to_string(a.device_type());
-  }
-}
-
 void check_same_device(const Tensor& t, const Tensor& q) {
-  if (!t.present()) return;
-  const Dev a = dev_kind(t.arr.device_type()), b = dev_kind(q.arr.device_type());
-  if (a != b || (a == Dev::cuda && t.arr.device_id() != q.arr.device_id()))
-    fail(Kind::invalid_value, t.name, "a tensor on q's device (" + device_str(q.arr) + ")", device_str(t.arr));
+  if (!t.present) return;
+  if (t.dev != q.dev || t.device_id != q.device_id || (t.dev == Dev::other && t.other_device != q.other_device))
+    fail(Kind::invalid_value, t.name, "a tensor on q's device (" + device_str(q) + ")", device_str(t));
 }
 
-// Makes q's device current for the scope (the planner reads the current device's properties).
+// Makes q's device current for the scope (the planner reads the current device's properties and
+// run() requires the plan's device to be current).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
@@ -286,12 +400,12 @@ std::string lead_of(const Tensor& t, int n) {
 // elements (0 = irrelevant, at most one token). Problem has no batch stride, so a 4-D view must
 // flatten to [B*T, ...]: batch stride == T * token stride.
 std::int64_t token_stride(const Tensor& t, const Lead& lead, int rest, const char* layout) {
-  if (t.ndim() != lead.n + rest)
+  if (t.ndim != lead.n + rest)
     fail(Kind::invalid_value, t.name, std::to_string(lead.n + rest) + " dims " + layout + " like q",
-         std::to_string(t.ndim()) + " dims " + shape_str(t.arr));
+         std::to_string(t.ndim) + " dims " + shape_str(t));
   if ((lead.n == 1 && t.dim(0) != lead.L) ||
       (lead.n == 2 && (t.dim(0) != lead.B || t.dim(1) != lead.L)))
-    fail(Kind::invalid_value, t.name, lead.str() + " like q", lead_of(t, lead.n) + " (shape " + shape_str(t.arr) + ")");
+    fail(Kind::invalid_value, t.name, lead.str() + " like q", lead_of(t, lead.n) + " (shape " + shape_str(t) + ")");
   if (lead.T() <= 1) return 0;
   std::int64_t s;
   if (lead.n == 1 || lead.B == 1) {
@@ -304,10 +418,10 @@ std::int64_t token_stride(const Tensor& t, const Lead& lead, int rest, const cha
       fail(Kind::invalid_value, t.name,
            "a batch stride of T * token stride = " + str(lead.L * s) +
                " (the [B, T] dims must flatten to B*T tokens; make it contiguous)",
-           str(t.stride(0)) + " (strides " + strides_str(t.arr) + ")");
+           str(t.stride(0)) + " (strides " + strides_str(t) + ")");
   }
   if (s <= 0)
-    fail(Kind::invalid_value, t.name, "a positive token stride", str(s) + " (strides " + strides_str(t.arr) + ")");
+    fail(Kind::invalid_value, t.name, "a positive token stride", str(s) + " (strides " + strides_str(t) + ")");
   return s;
 }
 
@@ -316,7 +430,7 @@ std::int64_t head_stride(const Tensor& t, int i) {
   if (t.dim(i) <= 1) return 0;
   const std::int64_t s = t.stride(i);
   if (s <= 0)
-    fail(Kind::invalid_value, t.name, "a positive head stride", str(s) + " (strides " + strides_str(t.arr) + ")");
+    fail(Kind::invalid_value, t.name, "a positive head stride", str(s) + " (strides " + strides_str(t) + ")");
   return s;
 }
 
@@ -327,7 +441,7 @@ gdnkit::Strides qkv_strides(const Tensor& t, const Lead& lead) {
   const int d = lead.n + 1;
   if (t.dim(d) > 1 && t.stride(d) != 1)
     fail(Kind::invalid_value, t.name, "a contiguous last dim (stride 1)",
-         "stride " + str(t.stride(d)) + " (strides " + strides_str(t.arr) + ")");
+         "stride " + str(t.stride(d)) + " (strides " + strides_str(t) + ")");
   return {ts, head_stride(t, lead.n)};
 }
 
@@ -344,11 +458,11 @@ DType qkv_dtype(const Tensor& t) {
   fail(Kind::invalid_type, t.name, "dtype float16 or bfloat16", dtype_of(t));
 }
 
-bool is_c_contiguous(const Array& a) {
+bool is_c_contiguous(const Tensor& t) {
   std::int64_t expect = 1;
-  for (int i = static_cast<int>(a.ndim()) - 1; i >= 0; --i) {
-    if (a.shape(i) != 1 && a.stride(i) != expect) return false;
-    expect *= static_cast<std::int64_t>(a.shape(i));
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
   }
   return true;
 }
@@ -357,8 +471,8 @@ bool is_c_contiguous(const Array& a) {
 // tensors, which must not be reachable from Python. Same messages as Plan::validate.
 void check_host_cu_seqlens(const Tensor& cu, std::int64_t T) {
   const auto at = [&](std::int64_t i) -> std::int64_t {
-    return cu.elem == Elem::i32 ? static_cast<const std::int32_t*>(cu.data())[i]
-                                : static_cast<const std::int64_t*>(cu.data())[i];
+    return cu.elem == Elem::i32 ? static_cast<const std::int32_t*>(cu.data)[i]
+                                : static_cast<const std::int64_t*>(cu.data)[i];
   };
   const std::int64_t n = cu.dim(0) - 1;
   if (at(0) != 0) fail(Kind::invalid_value, "cu_seqlens[0]", "0", str(at(0)));
@@ -373,55 +487,61 @@ void check_host_cu_seqlens(const Tensor& cu, std::int64_t T) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Allocation with q's framework, on q's device.
+// Allocation with q's framework, on q's device (for CUDA: under DeviceGuard, on the framework's
+// current stream, which is the stream the call runs on).
 
 class Allocator {
  public:
-  explicit Allocator(nb::handle q) : q_(q) {
-    if (is_numpy(q)) {
+  explicit Allocator(const Tensor& q) : q_(q.obj) {
+    if (is_numpy(q_)) {
       kind_ = Numpy;
-      return;
-    }
-    // Frameworks are looked up in sys.modules only: if q is one of their arrays, they are imported.
-    if (nb::object torch = imported("torch"); torch.is_valid() && nb::isinstance(q, torch.attr("Tensor"))) {
-      kind_ = WithDevice;
-      ns_ = torch;
-    } else if (nb::object cupy = imported("cupy"); cupy.is_valid() && nb::isinstance(q, cupy.attr("ndarray"))) {
+    } else if (is_torch(q_)) {
+      kind_ = Torch;  // q.new_empty(shape[, dtype]): q's device, no grad
+    } else if (nb::object cupy = imported("cupy"); cupy.is_valid() && nb::isinstance(q_, cupy.attr("ndarray"))) {
       kind_ = CurrentDevice;  // cupy.empty allocates on the current device (set by DeviceGuard)
       ns_ = cupy;
-    } else if (nb::hasattr(q, "__array_namespace__")) {
+    } else if (nb::hasattr(q_, "__array_namespace__")) {
       kind_ = WithDevice;
-      ns_ = q.attr("__array_namespace__")();
+      ns_ = q_.attr("__array_namespace__")();
+      device_ = q_.attr("device");
     } else {
       fail(Kind::invalid_type, "q",
            "a NumPy array, a torch tensor, a CuPy array or an array-API array (outputs are allocated like q)",
-           py_type_name(q));
+           py_type_name(q_));
     }
-    if (kind_ == WithDevice) device_ = q.attr("device");
   }
 
-  // An uninitialised array of `shape` with q's dtype.
+  // Uninitialised arrays of `shape`: q's dtype, float32, uint8.
   nb::object like_q(nb::handle shape) {
-    return empty(shape, q_.attr("dtype"));
+    if (kind_ == Torch) return call(PyObject_CallMethodOneArg(q_.ptr(), TT.s_new_empty, shape.ptr()));
+    return empty(shape, nb::getattr(q_, "dtype"));
   }
   nb::object float32(nb::handle shape) {
-    return kind_ == Numpy ? empty(shape, G.np_float32) : empty(shape, ns_.attr("float32"));
+    if (kind_ == Numpy) return empty(shape, G.np_float32);
+    if (kind_ == Torch) return torch_empty(shape, TT.f32);
+    return empty(shape, ns_.attr("float32"));
   }
   nb::object uint8(nb::handle shape) {
-    return empty(shape, kind_ == Numpy ? nb::object(nb::str("uint8")) : ns_.attr("uint8"));
+    if (kind_ == Numpy) return empty(shape, nb::str("uint8"));
+    if (kind_ == Torch) return torch_empty(shape, TT.u8);
+    return empty(shape, ns_.attr("uint8"));
   }
 
  private:
+  static nb::object call(PyObject* r) {
+    if (!r) throw nb::python_error();
+    return nb::steal(r);
+  }
+  nb::object torch_empty(nb::handle shape, PyObject* dtype) {
+    nb::object new_empty = nb::steal(PyObject_GetAttr(q_.ptr(), TT.s_new_empty));
+    if (!new_empty.is_valid()) throw nb::python_error();
+    return new_empty(shape, "dtype"_a = nb::handle(dtype));
+  }
   nb::object empty(nb::handle shape, nb::handle dtype) {
-    if (kind_ == Numpy) {
-      PyObject* r = PyObject_CallFunctionObjArgs(G.np_empty, shape.ptr(), dtype.ptr(), nullptr);
-      if (!r) throw nb::python_error();
-      return nb::steal(r);
-    }
+    if (kind_ == Numpy) return call(PyObject_CallFunctionObjArgs(G.np_empty, shape.ptr(), dtype.ptr(), nullptr));
     if (kind_ == CurrentDevice) return ns_.attr("empty")(shape, "dtype"_a = dtype);
     return ns_.attr("empty")(shape, "dtype"_a = dtype, "device"_a = device_);
   }
-
   static nb::object imported(const char* name) {
     PyObject* m = PyImport_GetModule(nb::str(name).ptr());  // new reference, or null
     if (!m) {
@@ -432,22 +552,26 @@ class Allocator {
     return mod.is_none() ? nb::object() : mod;
   }
 
-  enum { Numpy, WithDevice, CurrentDevice } kind_ = Numpy;
+  enum { Numpy, Torch, CurrentDevice, WithDevice } kind_ = Numpy;
   nb::handle q_;
   nb::object ns_, device_;
 };
 
-// Imports an array the binding just allocated, writable.
-OutArray import_output(nb::handle obj, const char* name) {
-  OutArray a;
-  if (nb::try_cast(obj, a, false)) return a;
-  if (numpy_bfloat16(obj)) {
-    nb::object view = nb::steal(PyObject_CallMethod(obj.ptr(), "view", "O", G.np_uint16));
-    if (view.is_valid() && nb::try_cast(view, a, false)) return a;
-    PyErr_Clear();
+// Reads back an array the binding just allocated (its data pointer; it is packed by construction,
+// which is checked).
+Tensor import_output(nb::handle obj, const char* name, const Tensor& q) {
+  Tensor t = import_tensor(obj, name);
+  std::int64_t expect = 1;
+  bool packed = true, empty = false;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    packed &= t.shape[i] <= 1 || t.strides[i] == expect;
+    empty |= t.shape[i] == 0;
+    expect *= t.shape[i];
   }
-  throw Error(Kind::unsupported, name, std::string(name) + ": the array allocated like q (" + py_type_name(obj) +
-                                           ") could not be read back through DLPack");
+  if (!(packed || empty) || t.dev != q.dev || t.device_id != q.device_id)
+    throw Error(Kind::unsupported, name, std::string(name) + ": the " + py_type_name(obj) +
+                                             " allocated like q is not a packed array on q's device");
+  return t;
 }
 
 template <std::size_t N>
@@ -531,24 +655,22 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   const Tensor cu = import_tensor(cu_obj, "cu_seqlens");
 
   // Device: q decides; everything else must be on the same one.
-  const Dev dev = dev_kind(q.arr.device_type());
-  if (dev == Dev::other)
-    fail(Kind::unsupported, "q", "a CPU or CUDA tensor", device_str(q.arr));
+  if (q.dev == Dev::other) fail(Kind::unsupported, "q", "a CPU or CUDA tensor", device_str(q));
   for (const Tensor* t : {&k, &v, &g, &beta, &h0, &cu}) check_same_device(*t, q);
-  p.memory = dev == Dev::host ? gdnkit::Memory::host : gdnkit::Memory::cuda;
+  p.memory = q.dev == Dev::host ? gdnkit::Memory::host : gdnkit::Memory::cuda;
 
   // Layout from q: [T, Hq, dk] (packed) or [B, T, Hq, dk] (batched).
   Lead lead;
-  if (q.ndim() == 3) {
+  if (q.ndim == 3) {
     lead.n = 1;
     lead.L = q.dim(0);
-  } else if (q.ndim() == 4) {
+  } else if (q.ndim == 4) {
     lead.n = 2;
     lead.B = q.dim(0);
     lead.L = q.dim(1);
   } else {
     fail(Kind::invalid_value, "q", "3 dims [T, H, K] or 4 dims [B, T, H, K]",
-         std::to_string(q.ndim()) + " dims " + shape_str(q.arr));
+         std::to_string(q.ndim) + " dims " + shape_str(q));
   }
   const int hd = lead.n;  // index of the head dim
   p.total_tokens = lead.T();
@@ -571,13 +693,13 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   if (k.dim(hd + 1) != q.dim(hd + 1))
     fail(Kind::invalid_value, "k", "head dim " + str(q.dim(hd + 1)) + " like q", str(k.dim(hd + 1)));
 
-  p.has_gate = g.present();
-  if (g.present()) {
+  p.has_gate = g.present;
+  if (g.present) {
     if (g.elem != Elem::f32) fail(Kind::invalid_type, "g", "dtype float32", dtype_of(g));
     p.g = gate_strides(g, lead);
   }
-  p.has_beta = beta.present();
-  if (beta.present()) {
+  p.has_beta = beta.present;
+  if (beta.present) {
     switch (beta.elem) {
       case Elem::f32: p.beta_dtype = DType::f32; break;
       case Elem::f16: p.beta_dtype = DType::f16; break;
@@ -588,15 +710,15 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   }
 
   // Sequences.
-  p.has_cu_seqlens = cu.present();
-  if (cu.present()) {
+  p.has_cu_seqlens = cu.present;
+  if (cu.present) {
     if (cu.elem != Elem::i32 && cu.elem != Elem::i64)
       fail(Kind::invalid_type, "cu_seqlens", "dtype int32 or int64", dtype_of(cu));
     p.cu_seqlens_dtype = cu.elem == Elem::i32 ? DType::i32 : DType::i64;
-    if (cu.ndim() != 1)
-      fail(Kind::invalid_value, "cu_seqlens", "1 dim [N+1]", std::to_string(cu.ndim()) + " dims " + shape_str(cu.arr));
+    if (cu.ndim != 1)
+      fail(Kind::invalid_value, "cu_seqlens", "1 dim [N+1]", std::to_string(cu.ndim) + " dims " + shape_str(cu));
     if (cu.dim(0) < 2)
-      fail(Kind::invalid_value, "cu_seqlens", "at least 2 entries [N+1]", shape_str(cu.arr));
+      fail(Kind::invalid_value, "cu_seqlens", "at least 2 entries [N+1]", shape_str(cu));
     if (cu.stride(0) != 1)
       fail(Kind::invalid_value, "cu_seqlens", "a contiguous tensor (stride 1)", "stride " + str(cu.stride(0)));
     if (lead.n == 2 && lead.B != 1)
@@ -609,36 +731,36 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
 
   // The planner checks heads, head dims, strides and dtypes it cares about.
   std::optional<DeviceGuard> guard;
-  if (p.memory == gdnkit::Memory::cuda) guard.emplace(q.arr.device_id());
-  p.has_initial_state = h0.present();
+  if (p.memory == gdnkit::Memory::cuda) guard.emplace(q.device_id);
+  p.has_initial_state = h0.present;
   gdnkit::Options options;
   options.cpu_threads = G.cpu_threads;
   const gdnkit::Plan P = gdnkit::Plan::create(p, options);
   const std::int64_t N = p.num_seqs, dk = p.head_dim_k, dv = p.head_dim_v, H = P.num_output_heads();
 
   for (const Tensor* t : {&g, &beta})
-    if (t->present() && t->dim(hd) != H)
-      fail(Kind::invalid_value, t->name, "H=max(Hq, Hv)=" + str(H) + " heads", str(t->dim(hd)) + " (shape " + shape_str(t->arr) + ")");
+    if (t->present && t->dim(hd) != H)
+      fail(Kind::invalid_value, t->name, "H=max(Hq, Hv)=" + str(H) + " heads", str(t->dim(hd)) + " (shape " + shape_str(*t) + ")");
 
   const std::int64_t s2 = p.state_layout == gdnkit::StateLayout::kv ? dk : dv;
   const std::int64_t s3 = p.state_layout == gdnkit::StateLayout::kv ? dv : dk;
   const std::int64_t state_dims[4] = {N, H, s2, s3};
-  if (h0.present()) {
+  if (h0.present) {
     if (h0.elem != Elem::f32) fail(Kind::invalid_type, "initial_state", "dtype float32", dtype_of(h0));
-    const bool ok = h0.ndim() == 4 && h0.dim(0) == N && h0.dim(1) == H && h0.dim(2) == s2 && h0.dim(3) == s3;
+    const bool ok = h0.ndim == 4 && h0.dim(0) == N && h0.dim(1) == H && h0.dim(2) == s2 && h0.dim(3) == s3;
     if (!ok)
       fail(Kind::invalid_value, "initial_state",
            std::string("shape ") + (p.state_layout == gdnkit::StateLayout::kv ? "[N, H, dk, dv]" : "[N, H, dv, dk]") +
                " = (" + str(N) + ", " + str(H) + ", " + str(s2) + ", " + str(s3) + ") for state_layout='" +
                std::string(state_layout) + "'",
-           shape_str(h0.arr));
-    if (!is_c_contiguous(h0.arr))
-      fail(Kind::invalid_value, "initial_state", "a C-contiguous tensor", "strides " + strides_str(h0.arr));
+           shape_str(h0));
+    if (!is_c_contiguous(h0))
+      fail(Kind::invalid_value, "initial_state", "a C-contiguous tensor", "strides " + strides_str(h0));
   }
-  if (cu.present() && p.memory == gdnkit::Memory::host && !validate) check_host_cu_seqlens(cu, p.total_tokens);
+  if (cu.present && p.memory == gdnkit::Memory::host && !validate) check_host_cu_seqlens(cu, p.total_tokens);
 
   // Outputs, allocated like q.
-  Allocator alloc(q_obj);
+  Allocator alloc(q);
   std::int64_t o_dims[4];
   std::size_t o_n = 0;
   if (lead.n == 2) o_dims[o_n++] = lead.B;
@@ -646,31 +768,30 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   o_dims[o_n++] = H;
   o_dims[o_n++] = dv;
   nb::object o_obj = alloc.like_q(make_shape(o_dims, o_n));
-  OutArray o = import_output(o_obj, "o");
+  const Tensor o = import_output(o_obj, "o", q);
   nb::object hT_obj = nb::none();
-  OutArray hT;
+  Tensor hT;
   if (p.want_final_state) {
     hT_obj = alloc.float32(make_shape(state_dims, 4));
-    hT = import_output(hT_obj, "final_state");
+    hT = import_output(hT_obj, "final_state", q);
   }
 
   gdnkit::Tensors t;
-  t.q = q.data();
-  t.k = k.data();
-  t.v = v.data();
-  t.g = static_cast<const float*>(g.present() ? g.data() : nullptr);
-  t.beta = beta.present() ? beta.data() : nullptr;
-  t.cu_seqlens = cu.present() ? cu.data() : nullptr;
-  t.initial_state = static_cast<const float*>(h0.present() ? h0.data() : nullptr);
-  t.o = o.data();
-  t.final_state = p.want_final_state ? static_cast<float*>(hT.data()) : nullptr;
+  t.q = q.data;
+  t.k = k.data;
+  t.v = v.data;
+  t.g = static_cast<const float*>(g.present ? g.data : nullptr);
+  t.beta = beta.present ? beta.data : nullptr;
+  t.cu_seqlens = cu.present ? cu.data : nullptr;
+  t.initial_state = static_cast<const float*>(h0.present ? h0.data : nullptr);
+  t.o = const_cast<void*>(o.data);
+  t.final_state = p.want_final_state ? static_cast<float*>(const_cast<void*>(hT.data)) : nullptr;
 
   // Workspace: host memory from the C++ heap; device memory from q's framework (its caching
   // allocator for torch), 256-byte aligned.
   const std::size_t ws_bytes = P.workspace_bytes();
   std::unique_ptr<std::byte[], HostBuffer> host_ws;
   nb::object dev_ws_obj;
-  OutArray dev_ws;
   void* ws = nullptr;
   if (ws_bytes > 0) {
     if (p.memory == gdnkit::Memory::host) {
@@ -679,8 +800,8 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
     } else {
       const std::int64_t dims[1] = {static_cast<std::int64_t>(ws_bytes + 256)};
       dev_ws_obj = alloc.uint8(make_shape(dims, 1));
-      dev_ws = import_output(dev_ws_obj, "workspace");
-      const auto addr = reinterpret_cast<std::uintptr_t>(dev_ws.data());
+      const Tensor dev_ws = import_output(dev_ws_obj, "workspace", q);
+      const auto addr = reinterpret_cast<std::uintptr_t>(dev_ws.data);
       ws = reinterpret_cast<void*>((addr + 255) & ~std::uintptr_t(255));
     }
   }

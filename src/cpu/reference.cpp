@@ -26,10 +26,12 @@ void recurrence(const Problem& problem, const Tensors& t, std::int64_t seq, int 
   const detail::SeqRange r = detail::host_seq_range(problem, s, t.cu_seqlens, seq);
   // Only this sequence's range is checked (checking all of cu_seqlens per call would make a sweep
   // over every (seq, head) quadratic in N).
-  if (r.begin < 0 || r.end < r.begin || r.end > s.T)
-    fail(K::invalid_value, "cu_seqlens[" + std::to_string(seq) + "]",
-         "a range inside [0, T=" + std::to_string(s.T) + "]",
-         "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")");
+  if (r.begin < 0 || r.end < r.begin || r.end > s.T) {
+    std::string arg = "cu_seqlens[", got = "[";
+    arg += std::to_string(seq) + "]";
+    got += std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+    fail(K::invalid_value, arg, "a range inside [0, T=" + std::to_string(s.T) + "]", got);
+  }
   const std::int64_t len = r.end - r.begin;
   if (len > 0) {
     if (t.q == nullptr) fail(K::invalid_value, "q", "a pointer (T > 0)", "null");

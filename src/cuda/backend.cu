@@ -85,8 +85,9 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
     fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
          str(c.cc_major) + "." + str(c.cc_minor));
 
-  // Value-column block: the largest one that still gives about two CTAs per SM, else 32 (more,
-  // smaller CTAs when there are few (sequence, head) walks). A block must fit in shared memory.
+  // Value-column block: the largest one that still makes at least two CTAs per SM in all
+  // (N * H * dv / DVB >= 2 * SMs), else 32: few (sequence, head) walks get more, narrower CTAs.
+  // A block must fit in the device's shared memory.
   const std::int64_t walks = s.N * s.H;
   const ChunkedKernel* kernel = nullptr;
   for (int dvb : {64, 32}) {

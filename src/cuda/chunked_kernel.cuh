@@ -64,6 +64,20 @@ __device__ __forceinline__ __half from_f32<__half>(float x) {
   return __float2half_rn(x);
 }
 
+// Two floats as two 16-bit values packed in one 32-bit word (the first at the lower address).
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float a, float b);
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+         static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16;
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
+  return static_cast<unsigned>(__half_as_ushort(__float2half_rn(a))) |
+         static_cast<unsigned>(__half_as_ushort(__float2half_rn(b))) << 16;
+}
+
 template <typename T>
 using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major>;
 template <typename T>
@@ -185,7 +199,7 @@ __device__ __forceinline__ float load_beta(const ChunkedParams& p, std::int64_t 
 
 // grid = (dv / DVB, H, min(N, 65535)); 128 threads. blockIdx.z strides over sequences.
 template <typename T, int DK, int DVB>
-__global__ void __launch_bounds__(kThreads) gdn_chunked_kernel(const ChunkedParams p) {
+__global__ void __launch_bounds__(kThreads, 2) gdn_chunked_kernel(const ChunkedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 wmma needs sm_80. A build that also targets older architectures still compiles; the
   // planner refuses such an image (ptxVersion < 80), and this trap guards against misuse.
@@ -313,7 +327,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunked_kernel(const ChunkedPara
           wm::fill_fragment(ks[c], 0.0f);
           wm::fill_fragment(qs[c], 0.0f);
         }
-#pragma unroll
+#pragma unroll 2  // full unrolling hoists every fragment load: ~255 registers instead of ~190
         for (int kk = 0; kk < DK; kk += 16) {
           FragA<T> ak, aq;
           wm::load_matrix_sync(ak, Ks + warp * 16 * LDK + kk, LDK);
@@ -505,10 +519,10 @@ __global__ void __launch_bounds__(kThreads) gdn_chunked_kernel(const ChunkedPara
         for (int idx = tid; idx < nrows * PER_ROW; idx += kThreads) {
           const int row = idx / PER_ROW;
           const int col = (idx % PER_ROW) * VEC;
-          alignas(16) T out[VEC];
-#pragma unroll
-          for (int t = 0; t < VEC; ++t) out[t] = from_f32<T>(Of[row * LDF + col + t]);
-          *reinterpret_cast<uint4*>(oh + (c0 + row) * p.o_token + col) = *reinterpret_cast<const uint4*>(out);
+          const float* f = Of + row * LDF + col;
+          const uint4 out = make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
+                                       pack2<T>(f[6], f[7]));
+          *reinterpret_cast<uint4*>(oh + (c0 + row) * p.o_token + col) = out;
         }
         for (int e = tid; e < DK * DVB; e += kThreads) {
           const int kr = e / DVB, c = e % DVB;

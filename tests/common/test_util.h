@@ -358,11 +358,14 @@ inline double rel_l2(const std::vector<double>& x, const std::vector<double>& re
 struct Errors {
   double o = 0, o_worst = 0;          // rel L2 over all of o; worst over (sequence, head)
   double state = 0, state_worst = 0;  // the same for the final state
+  double state_max = 0;               // worst (seq, head) of max |x - ref| / max |ref| of the state
+  double o_rounded = 0;               // rel L2 of o against the oracle rounded to o's dtype
+  std::int64_t o_count = 0;           // elements of o
   std::string issues;                 // empty, or what was not written / written where it must not be
   std::string str() const {
     std::ostringstream s;
-    s << "o rel L2 " << o << " (worst seq/head " << o_worst << "), state rel L2 " << state << " (worst "
-      << state_worst << ")";
+    s << "o rel L2 " << o << " (worst seq/head " << o_worst << ", vs rounded oracle " << o_rounded
+      << "), state rel L2 " << state << " (worst " << state_worst << ", max abs / max " << state_max << ")";
     if (!issues.empty()) s << "; " << issues;
     return s.str();
   }
@@ -418,7 +421,7 @@ inline Errors compare(const Case& c, const Reference& ref) {
   }
 
   const std::vector<double> o = gather_o(c);
-  RelL2 all;
+  RelL2 all, rounded;
   for (std::int64_t n = 0; n < c.N(); ++n)
     for (int h = 0; h < s.H; ++h) {
       RelL2 one;
@@ -427,20 +430,29 @@ inline Errors compare(const Case& c, const Reference& ref) {
           const std::size_t i = static_cast<std::size_t>((t * s.H + h) * s.dv + d);
           one.add(o[i], ref.o[i]);
           all.add(o[i], ref.o[i]);
+          const std::uint16_t r16 = to_qkv(static_cast<float>(ref.o[i]), c.spec.qkv);
+          rounded.add(o[i], detail::load_as_float(&r16, c.spec.qkv, 0));
         }
       e.o_worst = std::max(e.o_worst, one.value());
     }
   e.o = all.value();
+  e.o_rounded = rounded.value();
+  e.o_count = static_cast<std::int64_t>(o.size());
   if (c.spec.final_state) {
     const std::vector<double> st = gather_state(c);
     RelL2 sall;
     for (std::int64_t nh = 0; nh < c.N() * s.H; ++nh) {
       RelL2 one;
+      double max_err = 0.0, max_ref = 0.0;
       for (std::int64_t i = nh * s.state_elems(); i < (nh + 1) * s.state_elems(); ++i) {
-        one.add(st[static_cast<std::size_t>(i)], ref.state[static_cast<std::size_t>(i)]);
-        sall.add(st[static_cast<std::size_t>(i)], ref.state[static_cast<std::size_t>(i)]);
+        const double x = st[static_cast<std::size_t>(i)], r = ref.state[static_cast<std::size_t>(i)];
+        one.add(x, r);
+        sall.add(x, r);
+        max_err = std::isfinite(x) ? std::max(max_err, std::abs(x - r)) : std::numeric_limits<double>::infinity();
+        max_ref = std::max(max_ref, std::abs(r));
       }
       e.state_worst = std::max(e.state_worst, one.value());
+      e.state_max = std::max(e.state_max, max_ref > 0.0 ? max_err / max_ref : max_err);
     }
     e.state = sall.value();
   }
@@ -484,11 +496,12 @@ inline Case sub_case(const Case& full, const std::vector<std::int64_t>& from, co
 }
 
 // Runs a host plan with a workspace of exactly workspace_bytes() (deliberately misaligned by one
-// byte when `misalign`, to prove the backend aligns for itself).
+// byte when `misalign`, to prove the backend aligns for itself). The workspace starts as all-ones
+// bytes, a NaN in every float, so scratch read before it is written poisons the result.
 inline void run_host(Case& c, const Options& options = {}, bool misalign = false) {
   const Plan plan = Plan::create(c.problem, options);
   const std::size_t bytes = plan.workspace_bytes();
-  std::vector<unsigned char> ws(bytes + 64);
+  std::vector<unsigned char> ws(bytes + 64, 0xff);
   unsigned char* p = ws.data() + (misalign ? 1 : 0);
   plan.run(c.tensors(), bytes ? p : nullptr, bytes);
 }

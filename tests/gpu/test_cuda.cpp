@@ -1,6 +1,6 @@
 // The CUDA backend (through the public Plan API, device memory) against the fp64 token recurrence.
 // Every test skips when no CUDA device is present, so the binary runs (and reports skips) in CI.
-// Each case prints one "[gpu-err]" line with its rel-L2 errors for collection.
+// Each case prints one "ERR cuda ..." line with its rel-L2 errors for collection.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "cuda/chunked.h"
 #include "gpu/gpu_util.h"
 
 namespace {
@@ -52,8 +53,9 @@ class Cuda : public ::testing::Test {
 };
 
 void report(const std::string& what, const Spec& spec, const Errors& e, const std::string& kernel = "") {
-  std::printf("[gpu-err] %-40s %-4s o %.3e (worst %.3e)  state %.3e (worst %.3e)  %s\n", what.c_str(),
-              to_string(spec.qkv), e.o, e.o_worst, e.state, e.state_worst, kernel.c_str());
+  std::printf("ERR cuda %-40s %-4s o %.3e (worst %.3e, vs rounded oracle %.3e)  state %.3e (worst %.3e, max %.3e)  %s\n",
+              what.c_str(), to_string(spec.qkv), e.o, e.o_worst, e.o_rounded, e.state, e.state_worst, e.state_max,
+              kernel.c_str());
   std::fflush(stdout);
 }
 
@@ -720,13 +722,37 @@ TEST_F(Cuda, WrongDevice) {
   GDN_CUDA(cudaSetDevice(dev));
 }
 
+// The planner's choice, its shared memory and occupancy (printed for the record). On an H100/H200
+// the dk = 128 kernel with 32-column value blocks is sized for two CTAs per SM.
 TEST_F(Cuda, PlanReportsKernel) {
-  Problem p = cuda_problem();
-  const Plan plan = Plan::create(p);
-  EXPECT_EQ(plan.backend(), Backend::cuda);
-  EXPECT_EQ(plan.workspace_bytes(), 0u);
-  EXPECT_EQ(std::string(plan.kernel_name()).rfind("cuda-chunked-wmma-", 0), 0u) << plan.kernel_name();
-  std::printf("[gpu-info] kernel %s on %d SMs\n", plan.kernel_name(), test::sm_count());
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int d : {64, 128})
+      for (std::int64_t seqs : {1, 1000}) {
+        Problem p = cuda_problem();
+        p.qkv_dtype = dt;
+        p.head_dim_k = p.head_dim_v = d;
+        p.num_seqs = seqs;
+        p.total_tokens = 100 * seqs;
+        const Plan plan = Plan::create(p);
+        EXPECT_EQ(plan.backend(), Backend::cuda);
+        EXPECT_EQ(plan.workspace_bytes(), 0u);
+        const std::string name = plan.kernel_name();
+        EXPECT_EQ(name.rfind("cuda-chunked-wmma-", 0), 0u) << name;
+        const int dvb = name.find("dv64") != std::string::npos ? 64 : 32;
+        const cuda::ChunkedKernel* k = cuda::find_chunked_kernel(dt, d, dvb);
+        ASSERT_NE(k, nullptr);
+        EXPECT_STREQ(k->name, plan.kernel_name());
+        int ctas = 0;
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->func, cuda::kThreads, k->smem_bytes));
+        EXPECT_GE(ctas, 1);
+        if (major == 9 && minor == 0 && d == 128 && dvb == 32) EXPECT_EQ(ctas, 2) << name;
+        std::printf("INFO cuda sm_%d%d %d SMs  N=%-5lld H=2 d=%d  kernel %-34s smem %zu B  CTAs/SM %d\n", major, minor,
+                    test::sm_count(), static_cast<long long>(seqs), d, name.c_str(), k->smem_bytes, ctas);
+      }
 }
 
 }  // namespace

@@ -581,6 +581,23 @@ def test_torch_cpu_round_trip(rng, torch, dtype):
     assert torch.equal(o2, o)
 
 
+def test_torch_bad_input(rng, torch):
+    q = torch.zeros(8, 2, 16, dtype=torch.float16)
+    with pytest.raises(TypeError, match="q: expected dtype float16 or bfloat16, got float32"):
+        gdnkit.chunk_gated_delta_rule(q.float(), q, q)
+    with pytest.raises(TypeError, match="k: expected dtype float16 like q, got bfloat16"):
+        gdnkit.chunk_gated_delta_rule(q, q.bfloat16(), q)
+    with pytest.raises(ValueError, match=r"v: expected a contiguous last dim \(stride 1\), got stride 2"):
+        gdnkit.chunk_gated_delta_rule(q, q, torch.zeros(8, 2, 32, dtype=torch.float16)[..., ::2])
+    with pytest.raises(ValueError, match=r"g: expected H=max\(Hq, Hv\)=2 heads, got 3"):
+        gdnkit.chunk_gated_delta_rule(q, q, q, torch.zeros(8, 3))
+    with pytest.raises(ValueError, match=r"cu_seqlens\[1\]: expected total_tokens=8, got 7"):
+        gdnkit.chunk_gated_delta_rule(q, q, q, cu_seqlens=torch.tensor([0, 7], dtype=torch.int32))
+    meta = torch.zeros(8, 2, 16, dtype=torch.float16, device="meta")
+    with pytest.raises((RuntimeError, TypeError)):  # no data: not importable, or an unsupported device
+        gdnkit.chunk_gated_delta_rule(meta, meta, meta)
+
+
 def test_torch_requires_grad(rng, torch):
     """gdnkit is forward-only: a tensor that requires grad is read as data (torch versions whose
     DLPack export refuses such tensors get a ValueError that says so), and o has no grad_fn."""
@@ -596,22 +613,105 @@ def test_torch_requires_grad(rng, torch):
     assert torch.equal(o, o2)
 
 
-def test_torch_cuda(rng, torch):
+# CUDA (torch or CuPy on a machine with a GPU). The CUDA backend computes the chunk products on
+# tensor cores with q's dtype as operand type, so intermediate values (not only o) are rounded to
+# fp16/bf16: o is held to a few of q's ulps relative to the largest |o|, final states to 1e-3 of
+# the largest |S|.
+CUDA_TOL = {"float16": dict(rtol=4 * F16_RTOL, atol_frac=2e-3), "bfloat16": dict(rtol=4 * BF16_RTOL, atol_frac=1e-2)}
+# Final states: bf16 operands measured ~4.4e-3 of the largest |S| (H200), fp16 below 1e-3.
+CUDA_STATE_TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}
+
+
+@pytest.fixture
+def torch_cuda(torch):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    q, k, v, g, beta = make_inputs(rng, (100,), 2, 2, 2, 64, 64)
+    return torch
+
+
+CUDA_CASES = {
+    "mha-f16-kv-i32": ("float16", (2, 2, 2), 64, 64, "kv", np.int32, False),
+    "gva-bf16-vk-i64-h0": ("bfloat16", (1, 1, 4), 128, 128, "vk", np.int64, True),
+    "gqa-bf16-kv-h0": ("bfloat16", (4, 2, 2), 128, 64, "kv", np.int32, True),
+    "mha-f16-batched": ("float16", (2, 2, 2), 64, 128, "kv", None, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CUDA_CASES), ids=list(CUDA_CASES))
+def test_torch_cuda(rng, torch_cuda, case):
+    torch = torch_cuda
+    dtype, (Hq, Hk, Hv), dk, dv, layout, cu_dtype, with_h0 = CUDA_CASES[case]
+    H = max(Hq, Hv)
+    tdt = getattr(torch, dtype)
     dev = torch.device("cuda")
+    lengths = [100, 0, 64, 130, 1] if cu_dtype is not None else [96] * 3
+    T = sum(lengths)
+    q, k, v, g, beta = make_inputs(rng, (T,), Hq, Hk, Hv, dk, dv, dtype=np.float32)
+    tq, tk, tv = (torch.from_numpy(x).to(dev, tdt) for x in (q, k, v))
+    tg, tb = torch.from_numpy(g).to(dev), torch.from_numpy(beta).to(dev)
+    shape = (len(lengths), H, dk, dv) if layout == "kv" else (len(lengths), H, dv, dk)
+    h0 = torch.from_numpy((0.1 * rng.standard_normal(shape)).astype(np.float32)).to(dev) if with_h0 else None
+    kw = dict(initial_state=h0, output_final_state=True, state_layout=layout)
+    if cu_dtype is not None:
+        cu = torch.from_numpy(cu_of(lengths, cu_dtype)).to(dev)
+        o, st = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu, **kw)
+    else:
+        B, L = len(lengths), lengths[0]
+        o, st = gdnkit.chunk_gated_delta_rule(*(x.reshape((B, L) + x.shape[1:]) for x in (tq, tk, tv, tg, tb)), **kw)
+        o = o.reshape(T, H, dv)
+    assert o.device == tq.device and o.dtype == tdt and tuple(o.shape) == (T, H, dv)
+    assert st.device == tq.device and st.dtype == torch.float32 and tuple(st.shape) == shape
+    f64 = lambda t: t.to(torch.float64).cpu().numpy()  # noqa: E731
+    ro, rs = reference(f64(tq), f64(tk), f64(tv), f64(tg), f64(tb), None,
+                       None if h0 is None else h0.cpu().numpy(), cu_of(lengths), state_layout=layout)
+    st_kv = f64(st) if layout == "kv" else f64(st).transpose(0, 1, 3, 2)
+    err_o = np.abs(f64(o) - ro).max() / np.abs(ro).max()
+    err_s = np.abs(st_kv - rs).max() / np.abs(rs).max()
+    print(f"{case}: max |o - ref| / max |ref| = {err_o:.2e}, state {err_s:.2e}")
+    assert_o_close(f64(o), ro, **CUDA_TOL[dtype])
+    np.testing.assert_allclose(st_kv, rs, rtol=0, atol=CUDA_STATE_TOL[dtype] * np.abs(rs).max())
+
+
+def test_torch_cuda_stream_and_checks(rng, torch_cuda):
+    torch = torch_cuda
+    dev = torch.device("cuda")
+    q, k, v, g, beta = make_inputs(rng, (200,), 2, 2, 2, 64, 64)
     tq, tk, tv, tg, tb = (torch.from_numpy(x).to(dev) for x in (q, k, v, g, beta))
-    cu = torch.tensor([0, 40, 100], dtype=torch.int32, device=dev)
+    cu = torch.tensor([0, 80, 200], dtype=torch.int32, device=dev)
+    o_default, _ = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # runs on s, allocates on s
+        o_side, _ = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu)
+    s.synchronize()
+    assert torch.equal(o_side, o_default)
     with pytest.raises(ValueError, match=r"cu_seqlens: expected a tensor on q's device \(cuda:0\), got cpu"):
         gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu.cpu())
+    bad = torch.tensor([0, 120, 80, 200], dtype=torch.int64, device=dev)
+    with pytest.raises(ValueError, match=r"cu_seqlens\[2\]: expected a non-decreasing value >= 120, got 80"):
+        gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=bad, validate=True)
+    g_nan = tg.clone()
+    g_nan[7, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"g\[7, 1\]: expected a finite log-space gate, got nan"):
+        gdnkit.chunk_gated_delta_rule(tq, tk, tv, g_nan, tb, cu_seqlens=cu, validate=True)
+    # A head dim the CUDA backend has no kernel for: a RuntimeError from the planner.
+    q48 = torch.zeros(16, 1, 48, dtype=torch.float16, device=dev)
+    with pytest.raises(RuntimeError, match="head_dim_k"):
+        gdnkit.chunk_gated_delta_rule(q48, q48, torch.zeros(16, 1, 64, dtype=torch.float16, device=dev))
+
+
+def test_cupy_cuda(rng):
+    cupy = pytest.importorskip("cupy")
     try:
-        o, st = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu, output_final_state=True)
-    except RuntimeError as e:
-        if "not built yet" in str(e):
-            pytest.xfail(str(e))
-        raise
-    assert o.device == tq.device and st.device == tq.device
-    ro, rs = reference(q, k, v, g, beta, None, None, [0, 40, 100])
-    assert_o_close(o.cpu().numpy(), ro)
-    assert_state_close(st.cpu().numpy(), rs)
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    q, k, v, g, beta = make_inputs(rng, (150,), 2, 2, 2, 64, 64)
+    cu = cu_of([50, 100])
+    o, st = gdnkit.chunk_gated_delta_rule(*(cupy.asarray(x) for x in (q, k, v, g, beta)),
+                                          cu_seqlens=cupy.asarray(cu), output_final_state=True)
+    assert isinstance(o, cupy.ndarray) and o.dtype == np.float16 and isinstance(st, cupy.ndarray)
+    ro, rs = reference(q, k, v, g, beta, None, None, cu)
+    assert_o_close(cupy.asnumpy(o), ro, **CUDA_TOL["float16"])
+    np.testing.assert_allclose(cupy.asnumpy(st), rs, rtol=0, atol=CUDA_STATE_TOL["float16"] * np.abs(rs).max())
