@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 
-import torch
+torch = None  # imported in main(): --plot-from works without it
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MATMUL_RATE = 785e12   # bf16 dense, measured on an H200 (PEERS.md)
@@ -163,8 +163,16 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--plot", default="", help="write a PNG bar chart here")
     ap.add_argument("--cpp-driver", default="", help="path of bench_gdnkit (C++ driver) to merge its numbers")
+    ap.add_argument("--plot-from", default="", help="only draw --plot from an existing results JSON")
     args = ap.parse_args()
+    if args.plot_from:
+        doc = json.load(open(args.plot_from))
+        plot(doc["rows"], args.plot, all("fla_kernel_ms" in r for r in doc["rows"]), doc.get("gpu", ""))
+        return
 
+    global torch
+    import torch as torch_module
+    torch = torch_module
     import gdnkit
     rows = json.load(open(args.rows))["rows"]
     if args.suite != "all":
@@ -243,10 +251,13 @@ def main():
     print(f"python host time of one call on {smallest['name']}: {py_host_us:.1f} us")
     print(f"wrote {out}")
     if args.plot:
-        plot(results, args.plot, fla is not None)
+        try:
+            plot(results, args.plot, fla is not None, doc["gpu"])
+        except ImportError:
+            print("matplotlib is not installed: no plot (draw it later with --plot-from)")
 
 
-def plot(results, path, with_fla):
+def plot(results, path, with_fla, gpu=""):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -261,6 +272,7 @@ def plot(results, path, with_fla):
     ax.bar([x + width for x in xs], [r["floor_ms"] for r in results], width, label="floor")
     ax.set_yscale("log")
     ax.set_ylabel("ms (log scale)")
+    ax.set_title(f"GDN prefill, device time per call{' on ' + gpu if gpu else ''}")
     ax.set_xticks(list(xs))
     ax.set_xticklabels(names, rotation=75, fontsize=7)
     ax.legend()

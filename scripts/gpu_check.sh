@@ -39,15 +39,19 @@ if has build; then
 fi
 
 if has test; then
-  ctest --test-dir "$BUILD" --output-on-failure -j 4 >"$OUT/ctest.log" 2>&1
+  # CPU suites through ctest; the GPU suite directly, so that its per-case error lines are kept.
+  ctest --test-dir "$BUILD" --output-on-failure -LE gpu -j 4 >"$OUT/ctest.log" 2>&1
   rc=$?; [ $rc -ne 0 ] && status=1
-  note "ctest: rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-  grep -E '^\s*[0-9]+/[0-9]+ Test.*(Failed|\*\*\*)' "$OUT/ctest.log" | head -20
-  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -rs >"$OUT/pytest.log" 2>&1
+  note "ctest (cpu): rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  "$BUILD/tests/gdnkit_gpu_tests" >"$OUT/gpu_tests.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "gpu tests: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED' "$OUT/gpu_tests.log" | head -20
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -s -rs >"$OUT/pytest.log" 2>&1
   rc=$?; [ $rc -ne 0 ] && status=1
   note "pytest: rc=$rc: $(tail -1 "$OUT/pytest.log")"
   grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -20
-  grep -hE '^(ERR|ACC) ' "$OUT/ctest.log" "$OUT/pytest.log" >"$OUT/accuracy.txt" 2>/dev/null || true
+  grep -hE '^(ERR|ACC) ' "$OUT/gpu_tests.log" "$OUT/pytest.log" >"$OUT/accuracy.txt" 2>/dev/null || true
 fi
 
 if has cli; then

@@ -186,7 +186,11 @@ Plan Plan::create(const Problem& problem, const Options& options) {
 Plan::Plan(PlanImpl* impl) : impl_(impl) {}
 Plan::Plan(const Plan& other) : impl_(new PlanImpl(*other.impl_)) {}
 Plan& Plan::operator=(const Plan& other) {
-  if (this != &other) *impl_ = *other.impl_;
+  if (this == &other) return *this;
+  if (impl_ == nullptr)
+    impl_ = new PlanImpl(*other.impl_);  // this one was moved from
+  else
+    *impl_ = *other.impl_;
   return *this;
 }
 Plan::Plan(Plan&& other) noexcept : impl_(other.impl_) { other.impl_ = nullptr; }
@@ -245,7 +249,9 @@ void Plan::validate(const Tensors& t, Stream stream) const {
   const PlanImpl& P = *impl_;
   const Problem& p = P.problem;
   const Shape& s = P.shape;
-  check_pointers(p, t);
+  // Only what is read here must be present: validate() may run before the outputs exist.
+  if (p.has_cu_seqlens) require(t.cu_seqlens, "cu_seqlens", "has_cu_seqlens");
+  if (p.has_gate && s.T > 0) require(t.g, "g", "has_gate");
   // Host copies of what has to be looked at (only for device memory).
   std::vector<unsigned char> cu_copy;
   std::vector<float> g_rows;

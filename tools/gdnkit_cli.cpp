@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/half.h"
 #include "gdnkit/gdnkit.h"
 #include "gdnkit/reference.h"
@@ -38,6 +40,7 @@ struct Args {
   int repeat = 0;  // 0: 3 on the CPU, 50 on the GPU
   int threads = 0;
   bool json = false;
+  bool progress = false;  // progress lines on stderr (only when it is a terminal)
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -99,6 +102,7 @@ Args parse(int argc, char** argv) {
     else usage(("unknown option " + f).c_str());
   }
   if (a.lens.empty()) usage("--lens needs at least one length");
+  a.progress = !a.json && isatty(2);
   if (a.dtype != "bf16" && a.dtype != "f16") usage("--dtype is bf16 or f16");
   if (a.gate != "log" && a.gate != "linear") usage("--gate is log or linear");
   if (a.layout != "kv" && a.layout != "vk") usage("--layout is kv or vk");
@@ -207,7 +211,7 @@ Timing run_cpu(Workload& w, const Args& a) {
       const auto t0 = std::chrono::steady_clock::now();
       while (!done.load()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(250));
-        if (done.load() || a.json) break;
+        if (done.load() || !a.progress) break;
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::fprintf(stderr, "\r  running on the CPU: run %d/%d, %.1f s", r + 1, repeat, s);
       }
@@ -218,7 +222,7 @@ Timing run_cpu(Workload& w, const Args& a) {
     done = true;
     progress.join();
   }
-  if (!a.json) std::fprintf(stderr, "\r%60s\r", "");
+  if (a.progress) std::fprintf(stderr, "\r%60s\r", "");
   return {"cpu", plan.kernel_name(), median(times)};
 }
 
@@ -305,7 +309,7 @@ Check check(Workload& w, const Args& a) {
   for (int i = 0; i < pairs; ++i) {
     const std::int64_t n = order[(i * 7) % N];
     const int h = static_cast<int>((i * 37 + n) % w.H);
-    if (!a.json) std::fprintf(stderr, "\r  checking against fp64: pair %d/%d", i + 1, pairs);
+    if (a.progress) std::fprintf(stderr, "\r  checking against fp64: pair %d/%d", i + 1, pairs);
     gdnkit::reference::recurrence(host, t, n, h, ro, rs);
     const std::int64_t begin = w.cu[n];
     for (std::int64_t r = 0; r < static_cast<std::int64_t>(ro.size()) / a.dv; ++r)
@@ -322,7 +326,7 @@ Check check(Workload& w, const Args& a) {
         s_num += (got - ref) * (got - ref), s_den += ref * ref;
       }
   }
-  if (!a.json) std::fprintf(stderr, "\r%60s\r", "");
+  if (a.progress) std::fprintf(stderr, "\r%60s\r", "");
   c.pairs = pairs;
   c.o_err = std::sqrt(o_num / std::max(o_den, 1e-300));
   c.state_err = std::sqrt(s_num / std::max(s_den, 1e-300));

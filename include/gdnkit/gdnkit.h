@@ -98,8 +98,8 @@ struct Options {
 //   g [T, H] f32, beta [T, H]                                     (with the strides of Problem)
 //   cu_seqlens [N+1]
 //   initial_state, final_state [N, H, dk, dv] (kv) or [N, H, dv, dk] (vk), f32, contiguous.
-// final_state may be the same buffer as initial_state (in-place update); no other output may
-// overlap an input.
+// final_state may be exactly the same pointer as initial_state (in-place update); no other output
+// may overlap an input, and a partial overlap of the two states is not allowed either.
 struct Tensors {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -150,7 +150,8 @@ class Plan {
   // Computes o (and final_state when wanted). workspace must hold workspace_bytes() bytes in the
   // problem's memory space (device memory for Memory::cuda; 256-byte aligned). For Memory::cuda the
   // work is enqueued on stream and run() returns without synchronising; for Memory::host it runs on
-  // the calling thread plus worker threads and returns when done (stream is ignored).
+  // the calling thread plus worker threads and returns when done (stream is ignored; the calling
+  // thread's floating-point mode is set to flush subnormals during the call and restored after).
   // Throws Error for null pointers the problem needs or a workspace that is too small.
   void run(const Tensors& tensors, void* workspace, std::size_t workspace_bytes,
            Stream stream = nullptr) const;
@@ -160,6 +161,8 @@ class Plan {
   // them to the host and synchronises stream: call it when debugging, not on the hot path.
   void validate(const Tensors& tensors, Stream stream = nullptr) const;
 
+  // Plans are values: copying one copies its configuration. A moved-from Plan may only be
+  // assigned to or destroyed.
   Plan(const Plan&);
   Plan& operator=(const Plan&);
   Plan(Plan&&) noexcept;

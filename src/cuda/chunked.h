@@ -51,6 +51,9 @@ struct ChunkedParams {
   bool has_initial_state = false;
   bool want_final_state = false;
   bool state_vk = false;     // state layout [dv, dk] instead of [dk, dv]
+
+  // Split path only: the per-chunk records (kRecBytes each, index slot * num_heads + h).
+  unsigned char* ws = nullptr;
 };
 
 constexpr int kBetaF32 = 0, kBetaBF16 = 1, kBetaF16 = 2;
@@ -68,5 +71,38 @@ struct ChunkedKernel {
 
 // The instantiation for (dtype, dk, dvb), or nullptr when none is compiled.
 const ChunkedKernel* find_chunked_kernel(DType dtype, int dk, int dvb);
+
+}  // namespace gdnkit::cuda
+
+namespace gdnkit::cuda {
+
+// ---- split path: a parallel per-chunk "prep" kernel, then the state walk ------------------------
+//
+// Prep, grid (slots, H): for chunk j of sequence n (slot floor(bos_n / 64) + n + j, unique per
+// chunk, slots < ceil(T / 64) + N) and output head h, writes one workspace record:
+//   Mt = exp(G_i - G_j) Tu_ij beta_j (i >= j)            64 x 64, qkv dtype
+//   P  = scale * lower_incl(Q K^T) .* exp(G_i - G_j)      64 x 64, qkv dtype
+//   G  = cumsum(g) within the chunk                       64 fp32 (padded rows repeat G_last)
+// Rows at or past the chunk's last 16-row block are not written (the walk never reads them).
+// Walk, grid (dv / DVB, H, min(N, 65535)): the state-dependent products only.
+constexpr std::size_t kRecMtOff = 0;
+constexpr std::size_t kRecPOff = std::size_t(kChunk) * kChunk * 2;
+constexpr std::size_t kRecGOff = 2 * std::size_t(kChunk) * kChunk * 2;
+constexpr std::size_t kRecBytes = kRecGOff + std::size_t(kChunk) * 4;  // 16640, a multiple of 128
+
+struct SplitKernel {
+  const char* name;          // static, e.g. "cuda-split-wmma-bf16-k128-dv32"
+  DType dtype;
+  int dk;
+  int dvb;                   // value columns per walk CTA
+  std::size_t prep_smem;     // dynamic shared memory per prep CTA
+  std::size_t walk_smem;     // dynamic shared memory per walk CTA
+  const void* prep_func;
+  const void* walk_func;
+  // Launches prep (skipped when prep_grid.x == 0) then walk on `stream`.
+  cudaError_t (*launch)(const ChunkedParams& params, dim3 prep_grid, dim3 walk_grid, cudaStream_t stream);
+};
+
+const SplitKernel* find_split_kernel(DType dtype, int dk, int dvb);
 
 }  // namespace gdnkit::cuda

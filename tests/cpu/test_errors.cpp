@@ -130,6 +130,19 @@ TEST(Errors, BackendForMemory) {
   expect_error([&] { Plan::create(p, o); }, U, "backend", {"expected cuda or automatic for CUDA memory, got cpu"});
 }
 
+TEST(Errors, CpuThreads) {
+  gdnkit::Options o;
+  o.cpu_threads = -2;
+  expect_error([&] { Plan::create(small_problem(), o); }, V, "cpu_threads", {"got -2"});
+}
+
+TEST(Errors, MovedFromPlanCanBeAssigned) {
+  Plan a = Plan::create(small_problem());
+  Plan b = std::move(a);
+  a = b;  // assigning into a moved-from plan makes it whole again
+  EXPECT_EQ(a.problem().total_tokens, 10);
+}
+
 TEST(Errors, CudaMemoryWithoutDevice) {
   if (gdnkit::cuda_available()) GTEST_SKIP() << "a CUDA device is present";
   Problem p = small_problem();

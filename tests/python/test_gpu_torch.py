@@ -1,0 +1,157 @@
+"""gdnkit on PyTorch CUDA tensors: against an fp64 recurrence, and side by side with FLA.
+
+Skipped without torch, without a CUDA device, or (for the FLA comparison) without FLA's fla-core.
+Each accuracy case prints a line starting with "ACC " (collected by scripts/gpu_check.sh).
+"""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import gdnkit  # noqa: E402
+
+DEV = "cuda"
+
+
+def reference_fp64(q, k, v, g, beta, scale, h0, cu):
+    """The token recurrence in fp64 on the GPU, all heads at once. q/k/v: [T, H*, D]; heads are
+    expanded to H = max(Hq, Hv) (GVA: q/k head h // r). Returns o [T, H, dv], states [N, H, dk, dv]."""
+    T, Hq, dk = q.shape
+    Hv, dv = v.shape[1], v.shape[2]
+    H = max(Hq, Hv)
+    q = q.double().repeat_interleave(H // Hq, dim=1)
+    k = k.double().repeat_interleave(H // k.shape[1], dim=1)
+    v = v.double().repeat_interleave(H // Hv, dim=1)
+    a = g.double().exp()
+    b = beta.double()
+    o = torch.empty(T, H, dv, dtype=torch.float64, device=q.device)
+    N = len(cu) - 1
+    states = torch.empty(N, H, dk, dv, dtype=torch.float64, device=q.device)
+    for n in range(N):
+        S = h0[n].double().clone() if h0 is not None else torch.zeros(H, dk, dv, dtype=torch.float64, device=q.device)
+        for t in range(int(cu[n]), int(cu[n + 1])):
+            S *= a[t][:, None, None]
+            u = b[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", S, k[t]))
+            S += k[t][:, :, None] * u[:, None, :]
+            o[t] = scale * torch.einsum("hkv,hk->hv", S, q[t])
+        states[n] = S
+    return o, states
+
+
+def rel_l2(x, ref):
+    x = x.double()
+    err = torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref)
+    return float(err) if torch.isfinite(err) else math.inf
+
+
+def make_inputs(lens, Hq, Hk, Hv, dk, dv, seed, hard=False, dtype=torch.bfloat16):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    T = sum(lens)
+    H = max(Hq, Hv)
+
+    def randn(*s):
+        return torch.randn(*s, generator=gen, device=DEV)
+
+    q = torch.nn.functional.normalize(randn(T, Hq, dk), dim=-1).to(dtype)
+    k = torch.nn.functional.normalize(randn(T, Hk, dk), dim=-1).to(dtype)
+    v = randn(T, Hv, dv).to(dtype)
+    if hard:  # almost no decay, strong writes: the state carries everything
+        g = -1e-3 * torch.rand(T, H, generator=gen, device=DEV)
+        beta = 1.0 - 1e-3 * torch.rand(T, H, generator=gen, device=DEV)
+    else:
+        g = torch.nn.functional.logsigmoid(randn(T, H))
+        beta = torch.sigmoid(randn(T, H))
+    h0 = 0.1 * randn(len(lens), H, dk, dv)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    return q, k, v, g.float(), beta.float(), h0, cu
+
+
+CASES = [
+    # name, lens, (Hq, Hk, Hv), hard
+    ("mha-varlen", [300, 65, 1, 0, 700], (4, 4, 4), False),
+    ("gva-2x", [1000, 64, 63], (2, 2, 4), False),
+    ("gqa-2x", [513, 200], (4, 2, 2), False),
+    ("mha-long-hard", [4096], (2, 2, 2), True),
+]
+
+
+@pytest.mark.parametrize("name,lens,heads,hard", CASES, ids=[c[0] for c in CASES])
+def test_against_fp64(name, lens, heads, hard):
+    Hq, Hk, Hv = heads
+    q, k, v, g, beta, h0, cu = make_inputs(lens, Hq, Hk, Hv, 128, 128, seed=hash(name) % 1000, hard=hard)
+    scale = 128 ** -0.5
+    o, ht = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                          output_final_state=True, cu_seqlens=cu)
+    ro, rs = reference_fp64(q, k, v, g, beta, scale, h0, cu.tolist())
+    eo, es = rel_l2(o, ro), rel_l2(ht, rs)
+    print(f"\nACC gdnkit {name:16s} o {eo:.3e} state {es:.3e}")
+    # bf16 operands on the tensor cores: ~2^-8 relative per rounding, a few roundings deep.
+    assert eo < 2e-2 and es < 2e-2
+
+
+def test_batched_and_linear_gates_and_vk():
+    """[B, T, H, D] input, linear gates, vk state layout: same numbers as the packed log-space call."""
+    q, k, v, g, beta, h0, cu = make_inputs([256, 256], 2, 2, 4, 128, 128, seed=3)
+    o1, s1 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=cu)
+    B = lambda x: x.reshape(2, 256, *x.shape[1:])  # noqa: E731
+    o2, s2 = gdnkit.chunk_gated_delta_rule(B(q), B(k), B(v), B(g.exp()), B(beta),
+                                           initial_state=h0.transpose(-1, -2).contiguous(),
+                                           output_final_state=True, gate="linear", state_layout="vk")
+    assert o2.shape == (2, 256, 4, 128)
+    assert rel_l2(o2.reshape(o1.shape), o1.double()) < 1e-2
+    assert rel_l2(s2.transpose(-1, -2), s1.double()) < 1e-2
+
+
+def test_graph_capture_replays_with_new_values():
+    q, k, v, g, beta, h0, cu = make_inputs([200, 100], 2, 2, 2, 128, 128, seed=5)
+    call = lambda: gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,  # noqa: E731
+                                                 output_final_state=True, cu_seqlens=cu)
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, ht = call()
+    q2, k2, v2, g2, beta2, h02, _ = make_inputs([200, 100], 2, 2, 2, 128, 128, seed=6)
+    for dst, src in ((q, q2), (k, k2), (v, v2), (g, g2), (beta, beta2), (h0, h02)):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    ro, rs = reference_fp64(q, k, v, g, beta, 128 ** -0.5, h0, cu.tolist())
+    assert rel_l2(o, ro) < 2e-2 and rel_l2(ht, rs) < 2e-2
+
+
+FLA_CASES = [
+    ("mha-varlen", [300, 65, 1, 700], (4, 4, 4), False),
+    ("gva-2x", [1000, 64, 63], (2, 2, 4), False),
+    ("mha-2k", [2048], (4, 4, 4), False),
+    ("mha-long-hard", [4096], (2, 2, 2), True),
+    ("mha-16k-hard", [16384], (1, 1, 1), True),
+]
+
+
+@pytest.mark.parametrize("name,lens,heads,hard", FLA_CASES, ids=[c[0] for c in FLA_CASES])
+def test_accuracy_not_worse_than_fla(name, lens, heads, hard):
+    """Relative L2 error against fp64 on identical inputs: gdnkit's may exceed FLA's by 10% at most."""
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    Hq, Hk, Hv = heads
+    q, k, v, g, beta, h0, cu = make_inputs(lens, Hq, Hk, Hv, 128, 128, seed=11 + len(name), hard=hard)
+    scale = 128 ** -0.5
+    H = max(Hq, Hv)
+    o, ht = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                          output_final_state=True, cu_seqlens=cu)
+    # FLA gets q/k expanded to H heads (the same math as GVA) in its [1, T, H, D] varlen layout.
+    fo, fs = fla.chunk_gated_delta_rule(
+        q.repeat_interleave(H // Hq, 1)[None], k.repeat_interleave(H // Hk, 1)[None],
+        v.repeat_interleave(H // Hv, 1)[None], g=g[None], beta=beta[None], scale=scale,
+        initial_state=h0, output_final_state=True, cu_seqlens=cu.long())
+    ro, rs = reference_fp64(q, k, v, g, beta, scale, h0, cu.tolist())
+    ours = (rel_l2(o, ro), rel_l2(ht, rs))
+    theirs = (rel_l2(fo[0], ro), rel_l2(fs, rs))
+    print(f"\nACC vs-fla {name:16s} o gdnkit {ours[0]:.3e} FLA {theirs[0]:.3e}   "
+          f"state gdnkit {ours[1]:.3e} FLA {theirs[1]:.3e}")
+    assert ours[0] <= 1.1 * theirs[0], f"o: gdnkit {ours[0]:.3e} vs FLA {theirs[0]:.3e}"
+    assert ours[1] <= 1.1 * theirs[1], f"state: gdnkit {ours[1]:.3e} vs FLA {theirs[1]:.3e}"
