@@ -121,12 +121,32 @@ class DeviceCase {
   std::vector<Buf> bufs_;
 };
 
+// The caller-owned scratch a plan asks for (workspace_bytes(); null when it asks for none),
+// allocated before any run (and before any graph capture).
+class DeviceWorkspace {
+ public:
+  explicit DeviceWorkspace(const Plan& plan) : bytes_(plan.workspace_bytes()) {
+    if (bytes_ > 0) GDN_CUDA(cudaMalloc(&ptr_, bytes_));
+  }
+  ~DeviceWorkspace() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+  void* ptr() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 // Plans, runs on `stream`, waits, downloads. Returns the plan's kernel name.
 inline std::string run_device(Case& c, DeviceCase& d, cudaStream_t stream = nullptr) {
   const Plan plan = Plan::create(d.problem());
   EXPECT_EQ(plan.backend(), Backend::cuda);
-  EXPECT_EQ(plan.workspace_bytes(), 0u);
-  plan.run(d.tensors(), nullptr, 0, stream);
+  const DeviceWorkspace ws(plan);
+  plan.run(d.tensors(), ws.ptr(), ws.bytes(), stream);
   GDN_CUDA(cudaStreamSynchronize(stream));
   GDN_CUDA(cudaGetLastError());
   d.download(stream);

@@ -421,8 +421,8 @@ TEST_F(Cuda, LinearGateExtremes) {
   report("linear gates 0 and 1", s, e, kernel);
 }
 
-// Value-column blocks of 64 (chosen when there are many (sequence, head) walks): force the
-// planner's choice with enough sequences for the device's SM count.
+// Value-column blocks of 32 (chosen when there are at least as many (sequence, head, block) walks
+// as SMs): force the planner's choice with enough sequences for the device's SM count.
 TEST_F(Cuda, WideValueBlocks) {
   const int sms = test::sm_count();
   int i = 0;
@@ -432,7 +432,7 @@ TEST_F(Cuda, WideValueBlocks) {
         Spec s;
         s.Hq = s.Hk = 1;
         s.Hv = 8;
-        const int walks_needed = 2 * sms / (s.Hv * (dv / 64)) + 1;
+        const int walks_needed = sms / (s.Hv * (dv / 32)) + 1;
         s.lens.clear();
         for (int n = 0; n < walks_needed; ++n) s.lens.push_back(n % 5 == 0 ? 0 : 20 + (n * 53) % 140);
         s.dk = dk;
@@ -442,18 +442,18 @@ TEST_F(Cuda, WideValueBlocks) {
         s.layout = i % 3 ? StateLayout::kv : StateLayout::vk;
         s.seed = 1050 + i++;
         std::string kernel;
-        check_case(s, "dv block 64 dk=" + std::to_string(dk) + " dv=" + std::to_string(dv), &kernel);
-        EXPECT_NE(kernel.find("dv64"), std::string::npos) << kernel;
+        check_case(s, "dv block 32 dk=" + std::to_string(dk) + " dv=" + std::to_string(dv), &kernel);
+        EXPECT_NE(kernel.find("dv32"), std::string::npos) << kernel;
       }
-  // Few walks: the planner splits value columns into blocks of 32.
+  // Few walks: the planner splits value columns into blocks of 16.
   Spec s;
   s.lens = {100};
   s.Hq = s.Hk = s.Hv = 1;
   s.dk = s.dv = 128;
   s.seed = 1060;
   std::string kernel;
-  check_case(s, "dv block 32", &kernel);
-  EXPECT_NE(kernel.find("dv32"), std::string::npos) << kernel;
+  check_case(s, "dv block 16", &kernel);
+  EXPECT_NE(kernel.find("dv16"), std::string::npos) << kernel;
 }
 
 // Running the first part of each sequence, then the rest from its final state, equals one run:
@@ -529,12 +529,13 @@ TEST_F(Cuda, BitwiseRepeatable) {
   Case c = test::random_case(s);
   DeviceCase d(c);
   const Plan plan = Plan::create(d.problem());
+  const test::DeviceWorkspace ws(plan);
   std::vector<std::uint16_t> o0;
   std::vector<float> s0;
   for (int rep = 0; rep < 5; ++rep) {
     c.poison_outputs();
     d.upload();
-    plan.run(d.tensors(), nullptr, 0, nullptr);
+    plan.run(d.tensors(), ws.ptr(), ws.bytes(), nullptr);
     GDN_CUDA(cudaDeviceSynchronize());
     d.download();
     EXPECT_EQ(test::written_issues(c), "");
@@ -574,12 +575,13 @@ TEST_F(Cuda, TwoStreams) {
   const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
   DeviceCase da(a), db(b);
   const Plan pa = Plan::create(da.problem()), pb = Plan::create(db.problem());
+  const test::DeviceWorkspace wa(pa), wb(pb);
   cudaStream_t s1 = nullptr, s2 = nullptr;
   GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
   for (int rep = 0; rep < 4; ++rep) {
-    pa.run(da.tensors(), nullptr, 0, s1);
-    pb.run(db.tensors(), nullptr, 0, s2);
+    pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
+    pb.run(db.tensors(), wb.ptr(), wb.bytes(), s2);
   }
   GDN_CUDA(cudaStreamSynchronize(s1));
   GDN_CUDA(cudaStreamSynchronize(s2));
@@ -612,8 +614,9 @@ TEST_F(Cuda, GraphCapture) {
   GDN_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  const test::DeviceWorkspace ws(plan);
   GDN_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  plan.run(d.tensors(), nullptr, 0, stream);
+  plan.run(d.tensors(), ws.ptr(), ws.bytes(), stream);
   GDN_CUDA(cudaStreamEndCapture(stream, &graph));
   GDN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -695,12 +698,13 @@ TEST_F(Cuda, MisalignedPointer) {
   Case c = test::random_case(s);
   DeviceCase d(c);
   const Plan plan = Plan::create(d.problem());
+  const test::DeviceWorkspace ws(plan);
   Tensors t = d.tensors();
   t.k = static_cast<const unsigned char*>(t.k) + 2;
-  expect_error([&] { plan.run(t, nullptr, 0, nullptr); }, Error::Kind::invalid_value, "k", "16-byte aligned");
+  expect_error([&] { plan.run(t, ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "k", "16-byte aligned");
   t = d.tensors();
   t.o = static_cast<unsigned char*>(t.o) + 8;
-  expect_error([&] { plan.run(t, nullptr, 0, nullptr); }, Error::Kind::invalid_value, "o", "16-byte aligned");
+  expect_error([&] { plan.run(t, ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "o", "16-byte aligned");
   GDN_CUDA(cudaDeviceSynchronize());
 }
 
@@ -716,8 +720,9 @@ TEST_F(Cuda, WrongDevice) {
   Case c = test::random_case(s);
   DeviceCase d(c);
   const Plan plan = Plan::create(d.problem());
+  const test::DeviceWorkspace ws(plan);
   GDN_CUDA(cudaSetDevice((dev + 1) % count));
-  expect_error([&] { plan.run(d.tensors(), nullptr, 0, nullptr); }, Error::Kind::invalid_value, "device",
+  expect_error([&] { plan.run(d.tensors(), ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "device",
                "expected the plan's device");
   GDN_CUDA(cudaSetDevice(dev));
 }
@@ -739,19 +744,26 @@ TEST_F(Cuda, PlanReportsKernel) {
         p.total_tokens = 100 * seqs;
         const Plan plan = Plan::create(p);
         EXPECT_EQ(plan.backend(), Backend::cuda);
-        EXPECT_EQ(plan.workspace_bytes(), 0u);
         const std::string name = plan.kernel_name();
-        EXPECT_EQ(name.rfind("cuda-chunked-wmma-", 0), 0u) << name;
-        const int dvb = name.find("dv64") != std::string::npos ? 64 : 32;
-        const cuda::ChunkedKernel* k = cuda::find_chunked_kernel(dt, d, dvb);
+        EXPECT_EQ(name.rfind("cuda-split-wmma-", 0), 0u) << name;
+        const int dvb = name.find("dv16") != std::string::npos ? 16 : 32;
+        const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, dvb);
         ASSERT_NE(k, nullptr);
         EXPECT_STREQ(k->name, plan.kernel_name());
+        // One 16640-byte record per (chunk slot, head): slots = ceil(T / 64) + N, H = 2.
+        const std::size_t slots = static_cast<std::size_t>((p.total_tokens + 63) / 64 + seqs);
+        EXPECT_EQ(plan.workspace_bytes(), slots * 2 * cuda::kRecBytes);
         int ctas = 0;
-        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->func, cuda::kThreads, k->smem_bytes));
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->walk_func, cuda::kThreads, k->walk_smem));
         EXPECT_GE(ctas, 1);
-        if (major == 9 && minor == 0 && d == 128 && dvb == 32) EXPECT_EQ(ctas, 2) << name;
+        if (major == 9 && minor == 0 && d == 128) EXPECT_GE(ctas, 2) << name;
+        int prep_ctas = 0;
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&prep_ctas, k->prep_func, cuda::kThreads, k->prep_smem));
+        EXPECT_GE(prep_ctas, 1);
         std::printf("INFO cuda sm_%d%d %d SMs  N=%-5lld H=2 d=%d  kernel %-34s smem %zu B  CTAs/SM %d\n", major, minor,
-                    test::sm_count(), static_cast<long long>(seqs), d, name.c_str(), k->smem_bytes, ctas);
+                    test::sm_count(), static_cast<long long>(seqs), d, name.c_str(), k->walk_smem, ctas);
+        std::printf("INFO   prep smem %zu B  CTAs/SM %d  workspace %zu B\n", k->prep_smem, prep_ctas,
+                    plan.workspace_bytes());
       }
 }
 
