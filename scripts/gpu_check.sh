@@ -62,7 +62,7 @@ if has cli; then
 fi
 
 if has bench; then
-  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} GDNKIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown) \
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} GDNKIT_COMMIT=${GDNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} \
     $PY bench/bench.py --suite "$SUITE" --cpp-driver "$BUILD/bench_gdnkit" --out "$OUT/bench.json" \
     --plot "$OUT/bench.png" >"$OUT/bench.txt" 2>"$OUT/bench.err"
   rc=$?; [ $rc -ne 0 ] && status=1
