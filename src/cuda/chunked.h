@@ -80,15 +80,28 @@ namespace gdnkit::cuda {
 //
 // Prep, grid (slots, H): for chunk j of sequence n (slot floor(bos_n / 64) + n + j, unique per
 // chunk, slots < ceil(T / 64) + N) and output head h, writes one workspace record:
-//   Mt = exp(G_i - G_j) Tu_ij beta_j (i >= j)            64 x 64, qkv dtype
+//   Mt = exp(G_i - G_j) Tu_ij beta_j (i >= j)            64 x 64, as hi + lo (two qkv-dtype matrices,
+//                                                        hi = round(Mt), lo = round(Mt - hi))
 //   P  = scale * lower_incl(Q K^T) .* exp(G_i - G_j)      64 x 64, qkv dtype
 //   G  = cumsum(g) within the chunk                       64 fp32 (padded rows repeat G_last)
-// Rows at or past the chunk's last 16-row block are not written (the walk never reads them).
+// Mt and P are lower block triangular (16 x 16 blocks); only the blocks on or below the diagonal
+// are stored, block row by block row ("lower-block layout"): block row b holds rows [16 b, 16 b + 16)
+// and columns [0, 16 b + 16), with a row pitch of 16 b + 24 elements (8 unused padding elements
+// per row, so that the rows of a 16 x 16 tile fall into different shared-memory banks), starting
+// at element 128 b (b + 2). The walk copies the prefix holding its chunk's block rows verbatim
+// into shared memory. Block rows at or past the chunk's last 16-row block are not written (the
+// walk never reads them).
 // Walk, grid (dv / DVB, H, min(N, 65535)): the state-dependent products only.
+constexpr int kChunkBlocks = kChunk / 16;
+__host__ __device__ constexpr int lower_block_off(int b) { return 128 * b * (b + 2); }  // elements
+__host__ __device__ constexpr int lower_block_ld(int b) { return 16 * b + 24; }         // elements
+constexpr std::size_t kLowerBytes = std::size_t(lower_block_off(kChunkBlocks)) * 2;     // 6144
 constexpr std::size_t kRecMtOff = 0;
-constexpr std::size_t kRecPOff = std::size_t(kChunk) * kChunk * 2;
-constexpr std::size_t kRecGOff = 2 * std::size_t(kChunk) * kChunk * 2;
-constexpr std::size_t kRecBytes = kRecGOff + std::size_t(kChunk) * 4;  // 16640, a multiple of 128
+constexpr std::size_t kRecMtLoOff = kRecMtOff + kLowerBytes;
+constexpr std::size_t kRecPOff = kRecMtLoOff + kLowerBytes;
+constexpr std::size_t kRecGOff = kRecPOff + kLowerBytes;
+constexpr std::size_t kRecBytes = kRecGOff + std::size_t(kChunk) * 4;  // 18688, a multiple of 128
+static_assert(kRecBytes % 128 == 0 && kLowerBytes % 128 == 0, "records and their parts stay 128-byte aligned");
 
 struct SplitKernel {
   const char* name;          // static, e.g. "cuda-split-wmma-bf16-k128-dv32"

@@ -13,8 +13,14 @@
 //
 // Both kernels touch only the 16-row blocks that hold valid rows (nb = ceil(nrows / 16)), so short
 // chunks (short sequences) cost little. Rows in [nrows, 16 nb) are zero in K, Q, V, Mt and P, so
-// they stay zero through every product. The arithmetic is that of the fused kernel, operation for
-// operation (same roundings), only distributed over two launches.
+// they stay zero through every product. The arithmetic is that of the fused kernel except for one
+// rounding: Mt is carried as hi + lo (two 16-bit matrices, hi = round(Mt), lo = round(Mt - hi)) and
+// Vn = Mt_hi X + Mt_lo X, two MMAs into one fp32 accumulator, so Mt is effectively exact (relative
+// error ~2^-17 instead of 2^-9 in bf16). Measured in emulation, the rounding of Mt was one of the
+// two dominant errors of the final state (the other is Vd's); the split costs 10 extra 16x16x16
+// MMAs per full chunk and 16-column block (+9% of the walk's MMAs at dk = 128, +15% at dk = 64) and
+// lowers the state error by ~30% (bf16 and f16) and the output error by ~12%.
+// Mt and P are stored (workspace and shared memory) in the lower-block layout of chunked.h.
 #pragma once
 
 #include "cuda/chunked_kernel.cuh"
@@ -43,6 +49,14 @@ __device__ __forceinline__ std::int64_t seq_begin(const ChunkedParams& p, std::i
   if (!p.has_cu_seqlens) return n * p.uniform_len;
   return p.cu_seqlens_i64 ? static_cast<const std::int64_t*>(p.cu_seqlens)[n]
                           : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p.cu_seqlens)[n]);
+}
+
+// Copies block rows [0, nb) of a lower-block-layout matrix (chunked.h) from its workspace record
+// into shared memory (the same layout: one contiguous prefix) with 16-byte cp.async.
+template <typename T>
+__device__ __forceinline__ void load_lower_async(T* dst, const T* src, int nb, int tid) {
+  const int vecs = lower_block_off(nb) / 8;
+  for (int idx = tid; idx < vecs; idx += kThreads) __pipeline_memcpy_async(dst + 8 * idx, src + 8 * idx, 16);
 }
 
 // First workspace slot of sequence n (its chunk j uses slot + j).
@@ -132,6 +146,7 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const ChunkedParams 
   const int lane = tid % 32;
   unsigned char* const rec = p.ws + (slot * p.num_heads + h) * kRecBytes;
   T* const Mg = reinterpret_cast<T*>(rec + kRecMtOff);
+  T* const Mlg = reinterpret_cast<T*>(rec + kRecMtLoOff);
   T* const Pg = reinterpret_cast<T*>(rec + kRecPOff);
   float* const Gg = reinterpret_cast<float*>(rec + kRecGOff);
 
@@ -178,16 +193,20 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const ChunkedParams 
   gram_lower_tiles_nb<T, DK, LDK, LDA>(Qs, Ks, At, warp, nb);
   __syncthreads();
 
-  // P rows [0, 16 nb), two columns per thread and step (32-bit stores, coalesced).
-  for (int e = tid; e < nb * 16 * (C / 2); e += kThreads) {
-    const int i = e / (C / 2), j = 2 * (e % (C / 2));
+  // P block rows [0, nb) (lower-block layout, row padding written as zeros so that the walk
+  // never copies uninitialised memory), two columns per thread and step (32-bit stores).
+  constexpr int PAIRS = lower_block_ld(kChunkBlocks - 1) / 2;  // pairs in the widest row
+  for (int e = tid; e < nb * 16 * PAIRS; e += kThreads) {
+    const int i = e / PAIRS, j = 2 * (e % PAIRS);
+    const int b = i / 16;
+    if (j >= lower_block_ld(b)) continue;
     float x0 = 0.0f, x1 = 0.0f;
     if (j <= i) {
       const float gi = Gs[i];
       x0 = p.scale * At[i * LDA + j] * __expf(gi - Gs[j]);
       if (j + 1 <= i) x1 = p.scale * At[i * LDA + j + 1] * __expf(gi - Gs[j + 1]);
     }
-    *reinterpret_cast<unsigned*>(Pg + i * C + j) = pack2<T>(x0, x1);
+    *reinterpret_cast<unsigned*>(Pg + lower_block_off(b) + (i % 16) * lower_block_ld(b) + j) = pack2<T>(x0, x1);
   }
   __syncthreads();
 
@@ -265,16 +284,22 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const ChunkedParams 
     __syncthreads();
   }
 
-  // Mt rows [0, 16 nb).
-  for (int e = tid; e < nb * 16 * (C / 2); e += kThreads) {
-    const int i = e / (C / 2), j = 2 * (e % (C / 2));
+  // Mt block rows [0, nb) as hi + lo (lower-block layout, padding zero): hi = round(Mt),
+  // lo = round(Mt - hi).
+  for (int e = tid; e < nb * 16 * PAIRS; e += kThreads) {
+    const int i = e / PAIRS, j = 2 * (e % PAIRS);
+    const int b = i / 16;
+    if (j >= lower_block_ld(b)) continue;
     float x0 = 0.0f, x1 = 0.0f;
     if (j <= i) {
       const float gi = Gs[i];
       x0 = __expf(gi - Gs[j]) * At[i * LDA + j] * bs[j];
       if (j + 1 <= i) x1 = __expf(gi - Gs[j + 1]) * At[i * LDA + j + 1] * bs[j + 1];
     }
-    *reinterpret_cast<unsigned*>(Mg + i * C + j) = pack2<T>(x0, x1);
+    const T h0 = from_f32<T>(x0), h1 = from_f32<T>(x1);
+    const int at = lower_block_off(b) + (i % 16) * lower_block_ld(b) + j;
+    *reinterpret_cast<unsigned*>(Mg + at) = pack2<T>(to_f32(h0), to_f32(h1));
+    *reinterpret_cast<unsigned*>(Mlg + at) = pack2<T>(x0 - to_f32(h0), x1 - to_f32(h1));
   }
 #endif
 }
@@ -285,11 +310,10 @@ template <int DK, int DVB>
 struct WalkLayout {
   static constexpr int C = kChunk;
   static constexpr int LDK = DK + 8;
-  static constexpr int LDC = C + 8;
   static constexpr int LDV = DVB + 8;
   static constexpr int LDF = DVB + 4;
   static constexpr std::size_t k_bytes = std::size_t(C) * LDK * 2;
-  static constexpr std::size_t c_bytes = std::size_t(C) * LDC * 2;
+  static constexpr std::size_t c_bytes = kLowerBytes;  // P, Mt hi, Mt lo: lower-block layout
   static constexpr std::size_t v_bytes = std::size_t(C) * LDV * 2;
   static constexpr std::size_t sb_bytes = std::size_t(DK) * LDV * 2;
   static constexpr std::size_t sf_bytes = std::size_t(DK) * LDF * 4;
@@ -299,7 +323,8 @@ struct WalkLayout {
   static constexpr std::size_t off_q = off_k + align128(k_bytes);
   static constexpr std::size_t off_p = off_q + align128(k_bytes);
   static constexpr std::size_t off_mt = off_p + align128(c_bytes);
-  static constexpr std::size_t off_v = off_mt + align128(c_bytes);
+  static constexpr std::size_t off_mtlo = off_mt + align128(c_bytes);
+  static constexpr std::size_t off_v = off_mtlo + align128(c_bytes);
   static constexpr std::size_t off_x = off_v + align128(v_bytes);   // X
   static constexpr std::size_t off_vn = off_x + align128(v_bytes);  // Vn 16-bit
   static constexpr std::size_t off_vd = off_vn + align128(v_bytes); // Vd 16-bit
@@ -309,6 +334,7 @@ struct WalkLayout {
   static constexpr std::size_t off_G = off_xf + align128(xf_bytes);   // two buffers (this chunk, next)
   static constexpr std::size_t total = off_G + 2 * align128(vec_bytes);
   static_assert(DK % 16 == 0 && DVB % 16 == 0, "tiles are 16x16");
+  static_assert(kThreads / 32 == kChunkBlocks, "warp w owns the chunk's row block w");
 };
 
 struct WalkChunk {
@@ -332,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_walk_kernel(const ChunkedPara
 #else
   using L = WalkLayout<DK, DVB>;
   constexpr int C = kChunk;
-  constexpr int LDK = L::LDK, LDC = L::LDC, LDV = L::LDV, LDF = L::LDF;
+  constexpr int LDK = L::LDK, LDV = L::LDV, LDF = L::LDF;
   constexpr int NCT = DVB / 16;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -340,6 +366,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_walk_kernel(const ChunkedPara
   T* const Qs = reinterpret_cast<T*>(smem + L::off_q);
   T* const Ps = reinterpret_cast<T*>(smem + L::off_p);
   T* const Mt = reinterpret_cast<T*>(smem + L::off_mt);
+  T* const MtLo = reinterpret_cast<T*>(smem + L::off_mtlo);
   T* const Vs = reinterpret_cast<T*>(smem + L::off_v);
   T* const Xs = reinterpret_cast<T*>(smem + L::off_x);
   T* const Vn16 = reinterpret_cast<T*>(smem + L::off_vn);
@@ -367,11 +394,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_walk_kernel(const ChunkedPara
     if (tid < C / 4) __pipeline_memcpy_async(G + 4 * tid, w.rec + kRecGOff + 16 * tid, 16);
   };
   auto load_mt = [&](const WalkChunk& w) {
-    load_rows_async_n<T, C, LDC>(Mt, reinterpret_cast<const T*>(w.rec + kRecMtOff), C, w.nb * 16, w.nb * 16, tid);
+    load_lower_async<T>(Mt, reinterpret_cast<const T*>(w.rec + kRecMtOff), w.nb, tid);
+    load_lower_async<T>(MtLo, reinterpret_cast<const T*>(w.rec + kRecMtLoOff), w.nb, tid);
   };
   auto load_kp = [&](const WalkChunk& w) {
     load_rows_async_n<T, DK, LDK>(Ks, kh + w.c0 * p.k_token, p.k_token, w.nrows, w.nb * 16, tid);
-    load_rows_async_n<T, C, LDC>(Ps, reinterpret_cast<const T*>(w.rec + kRecPOff), C, w.nb * 16, w.nb * 16, tid);
+    load_lower_async<T>(Ps, reinterpret_cast<const T*>(w.rec + kRecPOff), w.nb, tid);
   };
 
   for (std::int64_t n = blockIdx.z; n < p.num_seqs; n += gridDim.z) {
@@ -481,19 +509,24 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_walk_kernel(const ChunkedPara
       if (has_next) load_qgv(next, Gn);
       __pipeline_commit();
 
-      // B: Vn = Mt X (own rows, k-blocks <= warp); Vn (16-bit, for O) and Vd = exp(G_last - G_i) Vn_i.
+      // B: Vn = (Mt_hi + Mt_lo) X (own rows, k-blocks <= warp); Vn (16-bit, for O) and
+      // Vd = exp(G_last - G_i) Vn_i.
       const float G_last = Gs[nrows - 1];
+      const int ldw = lower_block_ld(warp);                       // this warp's block row of P and Mt
+      const int offw = lower_block_off(warp);
       if (active) {
         FragC acc[NCT];
 #pragma unroll
         for (int c = 0; c < NCT; ++c) wm::fill_fragment(acc[c], 0.0f);
         for (int kb = 0; kb <= warp; ++kb) {
-          FragA<T> a;
-          wm::load_matrix_sync(a, Mt + warp * 16 * LDC + kb * 16, LDC);
+          FragA<T> a, alo;
+          wm::load_matrix_sync(a, Mt + offw + kb * 16, ldw);
+          wm::load_matrix_sync(alo, MtLo + offw + kb * 16, ldw);
 #pragma unroll
           for (int c = 0; c < NCT; ++c) {
             FragB<T> b;
             wm::load_matrix_sync(b, Xs + kb * 16 * LDV + c * 16, LDV);
+            wm::mma_sync(acc[c], alo, b, acc[c]);
             wm::mma_sync(acc[c], a, b, acc[c]);
           }
         }
@@ -516,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_walk_kernel(const ChunkedPara
       if (active) {
         for (int kb = 0; kb <= warp; ++kb) {
           FragA<T> a;
-          wm::load_matrix_sync(a, Ps + warp * 16 * LDC + kb * 16, LDC);
+          wm::load_matrix_sync(a, Ps + offw + kb * 16, ldw);
 #pragma unroll
           for (int c = 0; c < NCT; ++c) {
             FragB<T> b;
