@@ -750,7 +750,7 @@ TEST_F(Cuda, PlanReportsKernel) {
         const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, dvb);
         ASSERT_NE(k, nullptr);
         EXPECT_STREQ(k->name, plan.kernel_name());
-        // One 16640-byte record per (chunk slot, head): slots = ceil(T / 64) + N, H = 2.
+        // One kRecBytes record per (chunk slot, head): slots = ceil(T / 64) + N, H = 2.
         const std::size_t slots = static_cast<std::size_t>((p.total_tokens + 63) / 64 + seqs);
         EXPECT_EQ(plan.workspace_bytes(), slots * 2 * cuda::kRecBytes);
         int ctas = 0;
