@@ -1,14 +1,11 @@
 // CUDA backend: planning (device properties read once, kernel chosen, shared memory opted in) and
-// launch. The default split path (per-chunk prep kernel + state walk) is in split_kernel.cuh, its
-// instantiations in split_launch.cu; the older single fused kernel (GDNKIT_CUDA_KERNEL=fused at
-// plan time) in chunked_kernel.cuh and chunked_launch.cu.
+// launch. The kernels (a per-chunk prep kernel and the state walk) are in split_kernel.cuh, their
+// instantiations in split_launch.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/backend.h"
@@ -89,49 +86,22 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
     fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
          str(c.cc_major) + "." + str(c.cc_minor));
 
-  // The split path (prep + walk) is the default; GDNKIT_CUDA_KERNEL=fused (read here, at plan
-  // time) selects the older single fused kernel, kept for comparison.
-  const char* choice = std::getenv("GDNKIT_CUDA_KERNEL");
-  const bool fused = choice != nullptr && std::strcmp(choice, "fused") == 0;
+  // Walk value-column block: 32 when that gives at least one walk CTA per SM, else 16 (a chunk
+  // step costs nearly as much at 16 columns as at 32: narrower blocks pay only when SMs idle).
   const std::int64_t walks = s.N * s.H;
-  const ChunkedKernel* kernel = nullptr;
   const SplitKernel* split = nullptr;
-  const void* func = nullptr;
-  std::size_t smem = 0;
-  if (fused) {
-    // Value-column block: the largest one that still makes at least two CTAs per SM in all
-    // (N * H * dv / DVB >= 2 * SMs), else 32: few (sequence, head) walks get more, narrower CTAs.
-    // A block must fit in the device's shared memory.
-    for (int dvb : {64, 32}) {
-      const ChunkedKernel* k = find_chunked_kernel(problem.qkv_dtype, s.dk, dvb);
-      if (k == nullptr || s.dv % dvb != 0 || k->smem_bytes > static_cast<std::size_t>(smem_optin)) continue;
-      kernel = k;
-      if (walks * (s.dv / dvb) >= 2LL * c.sm_count) break;
-    }
-    if (kernel != nullptr) {
-      func = kernel->func;
-      smem = kernel->smem_bytes;
-    }
-  } else {
-    // Walk value-column block: 32 when that gives at least one walk CTA per SM, else 16 (a chunk
-    // step costs nearly as much at 16 columns as at 32: narrower blocks pay only when SMs idle).
-    for (int dvb : {32, 16}) {
-      const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, dvb);
-      if (k == nullptr || s.dv % dvb != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||
-          k->prep_smem > static_cast<std::size_t>(smem_optin))
-        continue;
-      split = k;
-      if (walks * (s.dv / dvb) >= c.sm_count) break;
-    }
-    if (split != nullptr) {
-      func = split->walk_func;
-      smem = split->walk_smem;
-    }
+  for (int dvb : {32, 16}) {
+    const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, dvb);
+    if (k == nullptr || s.dv % dvb != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||
+        k->prep_smem > static_cast<std::size_t>(smem_optin))
+      continue;
+    split = k;
+    if (walks * (s.dv / dvb) >= c.sm_count) break;
   }
-  if (func == nullptr) {
-    const ChunkedKernel* smallest = find_chunked_kernel(problem.qkv_dtype, s.dk, 32);
+  if (split == nullptr) {
+    const SplitKernel* smallest = find_split_kernel(problem.qkv_dtype, s.dk, 16);
     fail(K::unsupported, "device",
-         "at least " + str(smallest ? static_cast<std::int64_t>(smallest->smem_bytes) : 0) +
+         "at least " + str(smallest ? static_cast<std::int64_t>(smallest->walk_smem) : 0) +
              " bytes of shared memory per block for the CUDA backend",
          str(smem_optin));
   }
@@ -139,7 +109,7 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
   // The default build has kernel images for sm_80 (runs on 8.x) and sm_90a (runs on 9.0 only). An
   // image compiled for a virtual architecture below 8.0 holds only a trap (bf16 wmma needs sm_80).
   cudaFuncAttributes attrs{};
-  const cudaError_t img_err = cudaFuncGetAttributes(&attrs, func);
+  const cudaError_t img_err = cudaFuncGetAttributes(&attrs, split->walk_func);
   if (img_err != cudaSuccess || attrs.ptxVersion < 80) {
     cudaGetLastError();
     fail(K::unsupported, "device", "a GPU this build has sm_80+ kernels for (default build: sm_80 family, sm_90a)",
@@ -147,26 +117,22 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
              (img_err != cudaSuccess ? std::string(" (") + cudaGetErrorName(img_err) + ")"
                                      : " (image for compute_" + str(attrs.ptxVersion) + ")"));
   }
-  check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+  check(cudaFuncSetAttribute(split->walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(split->walk_smem)),
         "cudaFuncSetAttribute");
-  if (split != nullptr)
-    check(cudaFuncSetAttribute(split->prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(split->prep_smem)),
-          "cudaFuncSetAttribute");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, func, kThreads, smem),
+  check(cudaFuncSetAttribute(split->prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(split->prep_smem)),
+        "cudaFuncSetAttribute");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, split->walk_func, kThreads, split->walk_smem),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
 
-  c.chunked = kernel;
   c.split = split;
-  c.kernel = kernel != nullptr ? kernel->name : split->name;
-  c.dvb = kernel != nullptr ? kernel->dvb : split->dvb;
-  c.smem_bytes = smem;
-  c.workspace = 0;
-  if (split != nullptr) {
-    // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
-    c.slots = (s.T + kChunk - 1) / kChunk + s.N;
-    c.workspace = static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
-  }
+  c.kernel = split->name;
+  c.dvb = split->dvb;
+  c.smem_bytes = split->walk_smem;
+  // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
+  c.slots = (s.T + kChunk - 1) / kChunk + s.N;
+  c.workspace = static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
   return c;
 }
 
@@ -231,15 +197,10 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   // blockIdx.z strides over sequences, so N above the grid limit still works.
   const dim3 grid(static_cast<unsigned>(s.dv / c.dvb), static_cast<unsigned>(s.H),
                   static_cast<unsigned>(std::min<std::int64_t>(s.N, 65535)));
-  cudaError_t err;
-  if (c.split != nullptr) {
-    if (c.workspace > 0) check_aligned("workspace", workspace);
-    // No chunks, no prep (the walk still writes the final state).
-    const dim3 prep_grid(s.T > 0 ? static_cast<unsigned>(c.slots) : 0u, static_cast<unsigned>(s.H));
-    err = c.split->launch(p, prep_grid, grid, reinterpret_cast<cudaStream_t>(stream));
-  } else {
-    err = c.chunked->launch(p, grid, c.smem_bytes, reinterpret_cast<cudaStream_t>(stream));
-  }
+  if (c.workspace > 0) check_aligned("workspace", workspace);
+  // No chunks, no prep (the walk still writes the final state).
+  const dim3 prep_grid(s.T > 0 ? static_cast<unsigned>(c.slots) : 0u, static_cast<unsigned>(s.H));
+  const cudaError_t err = c.split->launch(p, prep_grid, grid, reinterpret_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: the error is reported by the exception
     throw Error(K::cuda, "launch",

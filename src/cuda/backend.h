@@ -9,8 +9,7 @@
 
 namespace gdnkit::cuda {
 
-struct ChunkedKernel;  // chunked.h: one compiled instantiation of the fused kernel
-struct SplitKernel;    // chunked.h: one compiled instantiation of the split path (prep + walk)
+struct SplitKernel;  // chunked.h: one compiled instantiation (prep + walk kernels)
 
 // Launch configuration fixed at plan time (device properties are read here, once).
 struct Config {
@@ -19,9 +18,8 @@ struct Config {
   int cc_major = 0, cc_minor = 0;
   const char* kernel = "none";
   std::size_t workspace = 0;
-  const ChunkedKernel* chunked = nullptr;  // the fused instantiation run() launches, or
-  const SplitKernel* split = nullptr;      // the split one (default; workspace > 0)
-  std::int64_t slots = 0;                  // split: chunk slots, ceil(T / 64) + N
+  const SplitKernel* split = nullptr;      // the instantiation run() launches
+  std::int64_t slots = 0;                  // chunk slots in the workspace, ceil(T / 64) + N
   int dvb = 0;                             // value columns per CTA
   std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)

@@ -1,5 +1,5 @@
-// The fused chunked GDN kernel: its launch parameters and the table of compiled instantiations.
-// Shared by chunked_launch.cu (kernels) and backend.cu (planning and dispatch).
+// The CUDA path's kernel parameters, workspace record layout and the table of compiled
+// instantiations. Shared by split_launch.cu (kernels) and backend.cu (planning and dispatch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,29 +52,12 @@ struct ChunkedParams {
   bool want_final_state = false;
   bool state_vk = false;     // state layout [dv, dk] instead of [dk, dv]
 
-  // Split path only: the per-chunk records (kRecBytes each, index slot * num_heads + h).
+  // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;
 };
 
 constexpr int kBetaF32 = 0, kBetaBF16 = 1, kBetaF16 = 2;
 
-// One compiled instantiation (qkv dtype, dk, value-column block).
-struct ChunkedKernel {
-  const char* name;          // static, e.g. "cuda-chunked-wmma-bf16-k128-dv32"
-  DType dtype;               // q, k, v, o
-  int dk;
-  int dvb;                   // value columns per CTA
-  std::size_t smem_bytes;    // dynamic shared memory per CTA
-  const void* func;          // the __global__ function (for cudaFuncSetAttribute)
-  cudaError_t (*launch)(const ChunkedParams& params, dim3 grid, std::size_t smem_bytes, cudaStream_t stream);
-};
-
-// The instantiation for (dtype, dk, dvb), or nullptr when none is compiled.
-const ChunkedKernel* find_chunked_kernel(DType dtype, int dk, int dvb);
-
-}  // namespace gdnkit::cuda
-
-namespace gdnkit::cuda {
 
 // ---- split path: a parallel per-chunk "prep" kernel, then the state walk ------------------------
 //

@@ -1,9 +1,10 @@
-// The split chunked GDN prefill (GDN_MATH.md section 2, fused form), sm_80 and newer.
+// The chunked GDN prefill for sm_80 and newer (GDN_MATH.md section 2, fused form), in two kernels.
 //
-// The fused kernel (chunked_kernel.cuh) recomputes every chunk-local quantity (Q K^T, K K^T, the
-// blocked inverse) in each of the dv / DVB CTAs of a walk, serially, chunk after chunk. Here they
-// are computed once per (chunk, head) by a fully parallel prep kernel that writes Mt, P and G to
-// the workspace (record layout in chunked.h), and the walk kernel does only the state products:
+// Prep, fully parallel over (chunk, head): the chunk-local quantities that depend only on K, Q, g
+// and beta (Q K^T, K K^T, the blocked fp32 inverse Tu) are computed once per chunk and written to
+// the workspace as Mt = exp(G_i - G_j) Tu_ij beta_j, P and G (record layout in chunked.h).
+// Walk, one CTA per (sequence, head, block of DVB value columns), chunk after chunk: only the
+// state products,
 //
 //   KS  = K S,  QS = Q S
 //   X   = V - diag(gam) KS
@@ -13,17 +14,22 @@
 //
 // Both kernels touch only the 16-row blocks that hold valid rows (nb = ceil(nrows / 16)), so short
 // chunks (short sequences) cost little. Rows in [nrows, 16 nb) are zero in K, Q, V, Mt and P, so
-// they stay zero through every product. The arithmetic is that of the fused kernel except for one
-// rounding: Mt is carried as hi + lo (two 16-bit matrices, hi = round(Mt), lo = round(Mt - hi)) and
+// they stay zero through every product. Products run on WMMA (16-bit operands, fp32 accumulators);
+// the state, the gates, the inverse and O before its store stay fp32. One operand is carried in
+// two parts: Mt as hi + lo (two 16-bit matrices, hi = round(Mt), lo = round(Mt - hi)) and
 // Vn = Mt_hi X + Mt_lo X, two MMAs into one fp32 accumulator, so Mt is effectively exact (relative
 // error ~2^-17 instead of 2^-9 in bf16). Measured in emulation, the rounding of Mt was one of the
 // two dominant errors of the final state (the other is Vd's); the split costs 10 extra 16x16x16
 // MMAs per full chunk and 16-column block (+9% of the walk's MMAs at dk = 128, +15% at dk = 64) and
-// lowers the state error by ~30% (bf16 and f16) and the output error by ~12%.
+// lowers the state error by ~30% (bf16 and f16) and the output error by ~12% (docs/perf-notes.md).
 // Mt and P are stored (workspace and shared memory) in the lower-block layout of chunked.h.
 #pragma once
 
-#include "cuda/chunked_kernel.cuh"
+#include <cuda_pipeline_primitives.h>
+
+#include <cfloat>
+
+#include "cuda/wmma_common.cuh"
 
 namespace gdnkit::cuda {
 

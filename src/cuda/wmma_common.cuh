@@ -1,0 +1,74 @@
+// Device helpers shared by the CUDA kernels: 16-bit <-> fp32 conversions, WMMA fragment types
+// (16x16x16, bf16/f16 operands, fp32 accumulators), shared-memory alignment, typed beta loads.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/chunked.h"
+
+namespace gdnkit::cuda {
+
+namespace wm = nvcuda::wmma;
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T x);
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half x) {
+  return __half2float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+// Two floats as two 16-bit values packed in one 32-bit word (the first at the lower address).
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float a, float b);
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+         static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16;
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
+  return static_cast<unsigned>(__half_as_ushort(__float2half_rn(a))) |
+         static_cast<unsigned>(__half_as_ushort(__float2half_rn(b))) << 16;
+}
+
+template <typename T>
+using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major>;
+template <typename T>
+using FragAT = wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::col_major>;  // transposed view
+template <typename T>
+using FragB = wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major>;
+template <typename T>
+using FragBT = wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::col_major>;  // transposed view
+using FragC = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+constexpr std::size_t align128(std::size_t x) { return (x + 127) / 128 * 128; }
+
+__device__ __forceinline__ float load_beta(const ChunkedParams& p, std::int64_t idx) {
+  switch (p.beta_dtype) {
+    case kBetaBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[idx]);
+    case kBetaF16: return __half2float(static_cast<const __half*>(p.beta)[idx]);
+    default: return static_cast<const float*>(p.beta)[idx];
+  }
+}
+
+}  // namespace gdnkit::cuda
