@@ -506,4 +506,84 @@ inline void run_host(Case& c, const Options& options = {}, bool misalign = false
   plan.run(c.tensors(), bytes ? p : nullptr, bytes);
 }
 
+// ---- random sweeps -----------------------------------------------------------------------------
+
+template <typename T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
+  return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
+}
+template <typename T>
+T pick(std::mt19937_64& rng, const std::vector<T>& xs) {  // the same draw as the list form
+  return xs[std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng)];
+}
+inline bool coin(std::mt19937_64& rng, double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+// What a random sweep draws from (the CUDA backend takes fewer head dims and aligned strides).
+struct SweepChoices {
+  std::vector<int> dk, dv;
+  std::int64_t short_max;                   // random lengths are 1..short_max (1..40 for N > 10)
+  std::int64_t long_len;                    // with N <= 2, a sequence is this long with long_p
+  double long_p;
+  std::vector<std::int64_t> uniform_lens;   // lengths without cu_seqlens
+  std::vector<int> in_head_pad, in_token_pad, o_head_pad, o_token_pad;
+};
+
+// A random case whose oracle costs at most ~budget multiply-adds of T * H * dk * dv.
+inline Spec random_spec(std::uint64_t seed, double budget, const SweepChoices& c) {
+  std::mt19937_64 rng(seed);
+  Spec s;
+  s.seed = seed;
+  for (;;) {
+    // Heads: MHA, GVA or GQA with ratio 2 or 4.
+    const int mode = pick(rng, {0, 1, 2});
+    const int base = pick(rng, {1, 2});
+    const int r = mode == 0 ? 1 : pick(rng, {2, 4});
+    s.Hq = s.Hk = s.Hv = base;
+    if (mode == 1) s.Hv = r * base;                  // GVA
+    if (mode == 2) s.Hq = r * base;                  // GQA
+    if (mode == 0) s.Hq = s.Hk = s.Hv = pick(rng, {1, 2, 3});
+    s.dk = pick(rng, c.dk);
+    s.dv = pick(rng, c.dv);
+    s.cu_seqlens = !coin(rng, 0.2);
+    s.lens.clear();
+    if (s.cu_seqlens) {
+      const int N = pick(rng, {1, 2, 3, 5, 8, 17, 50});
+      for (int i = 0; i < N; ++i) {
+        const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+        std::int64_t L = kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? pick(rng, {63, 64, 65, 128})
+                                       : std::uniform_int_distribution<std::int64_t>(1, N > 10 ? 40 : c.short_max)(rng);
+        if (N <= 2 && coin(rng, c.long_p)) L = c.long_len;
+        s.lens.push_back(L);
+      }
+      s.cu_dtype = pick(rng, {DType::i32, DType::i64});
+    } else {
+      const int N = pick(rng, {1, 2, 3, 4});
+      s.lens.assign(N, pick(rng, c.uniform_lens));
+    }
+    const double cost = static_cast<double>(s.T()) * s.H() * s.dk * s.dv;
+    if (cost <= budget) break;
+  }
+  s.qkv = pick(rng, {DType::bf16, DType::f16});
+  s.beta_dtype = pick(rng, {DType::f32, DType::bf16, DType::f16});
+  s.has_gate = coin(rng, 0.85);
+  s.has_beta = coin(rng, 0.85);
+  s.initial_state = coin(rng);
+  s.final_state = coin(rng, 0.7);
+  s.gate_space = pick(rng, {GateSpace::log, GateSpace::linear});
+  s.layout = pick(rng, {StateLayout::kv, StateLayout::vk});
+  s.in_place = s.initial_state && s.final_state && coin(rng, 0.3);
+  s.fused_qkv = coin(rng, 0.3);
+  if (coin(rng, 0.3)) {
+    s.in_head_pad = pick(rng, c.in_head_pad);
+    s.in_token_pad = pick(rng, c.in_token_pad);
+  }
+  if (coin(rng, 0.3)) {
+    s.o_head_pad = pick(rng, c.o_head_pad);
+    s.o_token_pad = pick(rng, c.o_token_pad);
+  }
+  s.inputs = coin(rng, 0.2) ? Inputs::hard : Inputs::realistic;
+  if (coin(rng, 0.1)) s.scale = 0.37f;
+  return s;
+}
+
 }  // namespace gdnkit::test

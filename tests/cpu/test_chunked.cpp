@@ -17,6 +17,8 @@ using test::Case;
 using test::Errors;
 using test::Inputs;
 using test::Spec;
+using test::SweepChoices;
+using test::random_spec;
 
 // ---- Tolerances -------------------------------------------------------------------------------
 //
@@ -87,75 +89,15 @@ void report(const char* what, const Spec& spec, const Errors& e) {
 
 // ---- Random sweep ------------------------------------------------------------------------------
 
-template <typename T>
-T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
-  return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
-}
-bool coin(std::mt19937_64& rng, double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
-
-// A random case whose oracle costs at most ~budget multiply-adds of T * H * dk * dv.
-Spec random_spec(std::uint64_t seed, double budget) {
-  std::mt19937_64 rng(seed);
-  Spec s;
-  s.seed = seed;
-  for (;;) {
-    // Heads: MHA, GVA or GQA with ratio 2 or 4.
-    const int mode = pick(rng, {0, 1, 2});
-    const int base = pick(rng, {1, 2});
-    const int r = mode == 0 ? 1 : pick(rng, {2, 4});
-    s.Hq = s.Hk = s.Hv = base;
-    if (mode == 1) s.Hv = r * base;                  // GVA
-    if (mode == 2) s.Hq = r * base;                  // GQA
-    if (mode == 0) s.Hq = s.Hk = s.Hv = pick(rng, {1, 2, 3});
-    s.dk = pick(rng, {16, 32, 48, 64, 100, 128, 256});
-    s.dv = pick(rng, {16, 24, 64, 100, 128, 256});
-    s.cu_seqlens = !coin(rng, 0.2);
-    s.lens.clear();
-    if (s.cu_seqlens) {
-      const int N = pick(rng, {1, 2, 3, 5, 8, 17, 50});
-      for (int i = 0; i < N; ++i) {
-        const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
-        std::int64_t L = kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? pick(rng, {63, 64, 65, 128})
-                                       : std::uniform_int_distribution<std::int64_t>(1, N > 10 ? 40 : 200)(rng);
-        if (N <= 2 && coin(rng, 0.15)) L = 1000;
-        s.lens.push_back(L);
-      }
-      s.cu_dtype = pick(rng, {DType::i32, DType::i64});
-    } else {
-      const int N = pick(rng, {1, 2, 3, 4});
-      s.lens.assign(N, pick(rng, {1, 7, 63, 64, 65, 130}));
-    }
-    const double cost = static_cast<double>(s.T()) * s.H() * s.dk * s.dv;
-    if (cost <= budget) break;
-  }
-  s.qkv = pick(rng, {DType::bf16, DType::f16});
-  s.beta_dtype = pick(rng, {DType::f32, DType::bf16, DType::f16});
-  s.has_gate = coin(rng, 0.85);
-  s.has_beta = coin(rng, 0.85);
-  s.initial_state = coin(rng);
-  s.final_state = coin(rng, 0.7);
-  s.gate_space = pick(rng, {GateSpace::log, GateSpace::linear});
-  s.layout = pick(rng, {StateLayout::kv, StateLayout::vk});
-  s.in_place = s.initial_state && s.final_state && coin(rng, 0.3);
-  s.fused_qkv = coin(rng, 0.3);
-  if (coin(rng, 0.3)) {
-    s.in_head_pad = pick(rng, {0, 1, 8});
-    s.in_token_pad = pick(rng, {0, 3, 16});
-  }
-  if (coin(rng, 0.3)) {
-    s.o_head_pad = pick(rng, {0, 2, 16});
-    s.o_token_pad = pick(rng, {0, 5, 64});
-  }
-  s.inputs = coin(rng, 0.2) ? Inputs::hard : Inputs::realistic;
-  if (coin(rng, 0.1)) s.scale = 0.37f;
-  return s;
-}
+// The CPU backend takes any head dims and strides.
+const SweepChoices kCpuSweep{{16, 32, 48, 64, 100, 128, 256}, {16, 24, 64, 100, 128, 256}, 200, 1000, 0.15,
+                             {1, 7, 63, 64, 65, 130}, {0, 1, 8}, {0, 3, 16}, {0, 2, 16}, {0, 5, 64}};
 
 TEST(ChunkedCpu, RandomSweep) {
   constexpr int kCases = 300;
   Errors worst[2];  // per qkv dtype: the largest of each error over the sweep
   for (int i = 0; i < kCases; ++i) {
-    const Spec s = random_spec(1000 + i, 1.5e7);
+    const Spec s = random_spec(1000 + i, 1.5e7, kCpuSweep);
     const Errors e = check_case(s);
     if (HasFailure()) break;  // one failing case (with its seed) is enough to read
     Errors& w = worst[s.qkv == DType::bf16 ? 0 : 1];

@@ -25,6 +25,8 @@ using test::DeviceCase;
 using test::Errors;
 using test::Inputs;
 using test::Spec;
+using test::SweepChoices;
+using test::random_spec;
 
 // ---- Tolerances -------------------------------------------------------------------------------
 //
@@ -85,74 +87,14 @@ Errors check_case(const Spec& spec, const std::string& what, std::string* kernel
 
 // ---- Random sweep ------------------------------------------------------------------------------
 
-template <typename T>
-T pick(std::mt19937_64& rng, std::initializer_list<T> xs) {
-  return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
-}
-bool coin(std::mt19937_64& rng, double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
-
-// Like the CPU sweep, within what the CUDA backend supports: dk, dv in {64, 128}; q/k/v/o strides
-// multiples of 8 elements.
-Spec random_spec(std::uint64_t seed, double budget) {
-  std::mt19937_64 rng(seed);
-  Spec s;
-  s.seed = seed;
-  for (;;) {
-    const int mode = pick(rng, {0, 1, 2});
-    const int base = pick(rng, {1, 2});
-    const int r = mode == 0 ? 1 : pick(rng, {2, 4});
-    s.Hq = s.Hk = s.Hv = base;
-    if (mode == 1) s.Hv = r * base;  // GVA
-    if (mode == 2) s.Hq = r * base;  // GQA
-    if (mode == 0) s.Hq = s.Hk = s.Hv = pick(rng, {1, 2, 3});
-    s.dk = pick(rng, {64, 128});
-    s.dv = pick(rng, {64, 128});
-    s.cu_seqlens = !coin(rng, 0.2);
-    s.lens.clear();
-    if (s.cu_seqlens) {
-      const int N = pick(rng, {1, 2, 3, 5, 8, 17, 50});
-      for (int i = 0; i < N; ++i) {
-        const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
-        std::int64_t L = kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? pick(rng, {63, 64, 65, 128})
-                                       : std::uniform_int_distribution<std::int64_t>(1, N > 10 ? 40 : 300)(rng);
-        if (N <= 2 && coin(rng, 0.2)) L = 1500;
-        s.lens.push_back(L);
-      }
-      s.cu_dtype = pick(rng, {DType::i32, DType::i64});
-    } else {
-      const int N = pick(rng, {1, 2, 3, 4});
-      s.lens.assign(N, pick(rng, {1, 7, 63, 64, 65, 130, 500}));
-    }
-    const double cost = static_cast<double>(s.T()) * s.H() * s.dk * s.dv;
-    if (cost <= budget) break;
-  }
-  s.qkv = pick(rng, {DType::bf16, DType::f16});
-  s.beta_dtype = pick(rng, {DType::f32, DType::bf16, DType::f16});
-  s.has_gate = coin(rng, 0.85);
-  s.has_beta = coin(rng, 0.85);
-  s.initial_state = coin(rng);
-  s.final_state = coin(rng, 0.7);
-  s.gate_space = pick(rng, {GateSpace::log, GateSpace::linear});
-  s.layout = pick(rng, {StateLayout::kv, StateLayout::vk});
-  s.in_place = s.initial_state && s.final_state && coin(rng, 0.3);
-  s.fused_qkv = coin(rng, 0.3);
-  if (coin(rng, 0.3)) {
-    s.in_head_pad = pick(rng, {0, 8, 16});
-    s.in_token_pad = pick(rng, {0, 8, 24});
-  }
-  if (coin(rng, 0.3)) {
-    s.o_head_pad = pick(rng, {0, 8, 16});
-    s.o_token_pad = pick(rng, {0, 8, 64});
-  }
-  s.inputs = coin(rng, 0.2) ? Inputs::hard : Inputs::realistic;
-  if (coin(rng, 0.1)) s.scale = 0.37f;
-  return s;
-}
+// Within what the CUDA backend supports: dk, dv in {64, 128}; q/k/v/o strides multiples of 8.
+const SweepChoices kCudaSweep{{64, 128}, {64, 128}, 300, 1500, 0.2, {1, 7, 63, 64, 65, 130, 500},
+                              {0, 8, 16}, {0, 8, 24}, {0, 8, 16}, {0, 8, 64}};
 
 TEST_F(Cuda, RandomSweep) {
   constexpr int kCases = 80;
   for (int i = 0; i < kCases; ++i) {
-    const Spec s = random_spec(5000 + i, 4e7);
+    const Spec s = random_spec(5000 + i, 4e7, kCudaSweep);
     check_case(s, "sweep seed=" + std::to_string(s.seed));
     if (HasFailure()) break;  // one failing case (with its seed) is enough to read
   }
