@@ -4,6 +4,8 @@ BUILD ?= build
 PY := .deps/venv/bin/python
 CUTLASS_INCLUDE := $(CURDIR)/.deps/cutlass-4.2.0.0/include
 JOBS ?= $(shell nproc)
+# nvcc from the standard toolkit location when it is not on PATH already.
+export PATH := $(PATH):/usr/local/cuda/bin
 
 .PHONY: all setup configure build run test test-cpp test-python python-install gpu clean
 
