@@ -95,21 +95,31 @@ def graph_device_ms(call, sets, reps):
     return ms / len(sets)
 
 
-def profiler_kernel_ms(call, x, reps):
-    """Sum of GPU kernel times of one call, median over reps calls (host gaps excluded)."""
+def profiler_kernel_ms(call, x, reps, by_name=None):
+    """Sum of GPU kernel times of one call, median over reps calls (host gaps excluded). With a
+    dict `by_name`, also fills it with the median time of each kernel, keyed by the first of
+    ("prep", "walk") its name contains, else by its name."""
     from torch.profiler import ProfilerActivity, profile
     call(x)
     torch.cuda.synchronize()
     per_call = []
+    per_name = {}
     for _ in range(reps):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             call(x)
             torch.cuda.synchronize()
         total_us = 0.0
+        names = {}
         for evt in prof.events():
             if evt.device_type == torch.autograd.DeviceType.CUDA:
                 total_us += evt.device_time
+                key = next((k for k in ("prep", "walk") if k in evt.name), evt.name[:40])
+                names[key] = names.get(key, 0.0) + evt.device_time / 1e3
         per_call.append(total_us / 1e3)
+        for k, v in names.items():
+            per_name.setdefault(k, []).append(v)
+    if by_name is not None:
+        by_name.update({k: statistics.median(v) for k, v in per_name.items()})
     return statistics.median(per_call)
 
 
@@ -185,7 +195,8 @@ def main():
 
     cpp = {}
     if args.cpp_driver:
-        out = subprocess.check_output([args.cpp_driver, "--rows", args.rows, "--json"], text=True)
+        cmd = [args.cpp_driver, "--rows", args.rows, "--json"] + (["--only", args.only] if args.only else [])
+        out = subprocess.check_output(cmd, text=True)
         for line in out.splitlines():
             if line.startswith("{"):
                 rec = json.loads(line)
@@ -199,7 +210,9 @@ def main():
         rec = dict(name=row["name"], suite=row["suite"], tokens=sum(row["lens"]), seqs=len(row["lens"]),
                    heads=f'{row["Hq"]}/{row["Hk"]}/{row["Hv"]}', floor_ms=floor_ms(row))
         rec["gdnkit_ms"] = graph_device_ms(ours, sets, args.reps)
-        rec["gdnkit_kernel_ms"] = profiler_kernel_ms(ours, x, 5)
+        parts = {}
+        rec["gdnkit_kernel_ms"] = profiler_kernel_ms(ours, x, 5, parts)
+        rec["gdnkit_kernels_ms"] = parts
         rec["gdnkit_eager_ms"] = events_median(lambda: ours(x), args.reps)
         if fla is not None:
             rec["fla_kernel_ms"] = profiler_kernel_ms(fla, x, 5)
@@ -210,7 +223,8 @@ def main():
         results.append(rec)
         del sets, x
         torch.cuda.empty_cache()
-        print(f'  {rec["name"]}: gdnkit {rec["gdnkit_ms"]:.3f} ms' +
+        print(f'  {rec["name"]}: gdnkit {rec["gdnkit_ms"]:.3f} ms (' +
+              ', '.join(f'{k} {v:.3f}' for k, v in parts.items()) + ')' +
               (f', FLA {rec["fla_kernel_ms"]:.3f} ms' if fla else ''), file=sys.stderr, flush=True)
 
     smallest = min(rows, key=lambda r: sum(r["lens"]) * max(r["Hq"], r["Hv"]))

@@ -7,12 +7,14 @@
 # .whl/ (wheels of fla-core and einops for the FLA comparison; optional).
 #
 #   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
+#   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"build test cli bench"}
 SUITE=${SUITE:-all}
+ONLY=${ONLY:-}
 BUILD=${BUILD:-build-gpu}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -63,7 +65,7 @@ fi
 
 if has bench; then
   PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} GDNKIT_COMMIT=${GDNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} \
-    $PY bench/bench.py --suite "$SUITE" --cpp-driver "$BUILD/bench_gdnkit" --out "$OUT/bench.json" \
+    $PY bench/bench.py --suite "$SUITE" --cpp-driver "$BUILD/bench_gdnkit" --out "$OUT/bench.json" ${ONLY:+--only "$ONLY"} \
     --plot "$OUT/bench.png" >"$OUT/bench.txt" 2>"$OUT/bench.err"
   rc=$?; [ $rc -ne 0 ] && status=1
   note "bench: rc=$rc"

@@ -1,6 +1,6 @@
 // CUDA backend: planning (device properties read once, kernel chosen, shared memory opted in) and
-// launch. The kernels (a per-chunk prep kernel and the state walk) are in split_kernel.cuh, their
-// instantiations in split_launch.cu.
+// launch. The kernels (a per-chunk prep kernel and the state walk) are in prep_kernel.cuh and
+// walk_kernel.cuh, their instantiations in split_bf16.cu and split_f16.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -51,6 +51,15 @@ int attribute(cudaDeviceAttr attr, int device, const char* what) {
 
 }  // namespace
 
+const SplitKernel* find_split_kernel(DType dtype, int dk, int warps) {
+  for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
+    for (int i = 0; i < list.count; ++i) {
+      const SplitKernel& k = list.begin[i];
+      if (k.dtype == dtype && k.dk == dk && k.warps == warps) return &k;
+    }
+  return nullptr;
+}
+
 bool device_available() noexcept {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -86,20 +95,26 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
     fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
          str(c.cc_major) + "." + str(c.cc_minor));
 
-  // Walk value-column block: 32 when that gives at least one walk CTA per SM, else 16 (a chunk
-  // step costs nearly as much at 16 columns as at 32: narrower blocks pay only when SMs idle).
-  const std::int64_t walks = s.N * s.H;
+  // Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
+  // chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
+  // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
+  const std::int64_t cols16 = s.dv / 16;
   const SplitKernel* split = nullptr;
-  for (int dvb : {32, 16}) {
-    const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, dvb);
-    if (k == nullptr || s.dv % dvb != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||
+  std::int64_t best_cost = 0;
+  for (int warps : {8, 4, 2, 1}) {
+    const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
+    if (k == nullptr || cols16 % warps != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||
         k->prep_smem > static_cast<std::size_t>(smem_optin))
       continue;
-    split = k;
-    if (walks * (s.dv / dvb) >= c.sm_count) break;
+    const std::int64_t ctas = (cols16 / warps) * s.H * std::max<std::int64_t>(s.N, 1);
+    const std::int64_t cost = (ctas + c.sm_count - 1) / c.sm_count * (warps + 1);
+    if (split == nullptr || cost < best_cost) {
+      split = k;
+      best_cost = cost;
+    }
   }
   if (split == nullptr) {
-    const SplitKernel* smallest = find_split_kernel(problem.qkv_dtype, s.dk, 16);
+    const SplitKernel* smallest = find_split_kernel(problem.qkv_dtype, s.dk, 1);
     fail(K::unsupported, "device",
          "at least " + str(smallest ? static_cast<std::int64_t>(smallest->walk_smem) : 0) +
              " bytes of shared memory per block for the CUDA backend",
@@ -123,13 +138,24 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
   check(cudaFuncSetAttribute(split->prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(split->prep_smem)),
         "cudaFuncSetAttribute");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, split->walk_func, kThreads, split->walk_smem),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, split->walk_func, 32 * split->warps,
+                                                      split->walk_smem),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
 
   c.split = split;
   c.kernel = split->name;
-  c.dvb = split->dvb;
+  c.warps = split->warps;
   c.smem_bytes = split->walk_smem;
+  // blockIdx.z strides over sequences. Short sequences (under four chunks on average) are walked
+  // several per CTA, about two CTAs per SM slot in all, so that one sequence's copies overlap the
+  // previous one's products; longer ones get a CTA each and the hardware balances them.
+  const std::int64_t xy = (s.dv / (16 * c.warps)) * s.H;
+  std::int64_t z = std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), 65535);
+  if (s.T < 4 * kChunk * s.N) {
+    const std::int64_t slots = 2 * static_cast<std::int64_t>(c.sm_count) * std::max(c.ctas_per_sm, 1);
+    z = std::min<std::int64_t>(z, std::max<std::int64_t>(1, (slots + xy - 1) / xy));
+  }
+  c.walk_z = static_cast<int>(z);
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
   c.workspace = static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
@@ -194,9 +220,8 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   p.state_vk = problem.state_layout == StateLayout::vk;
   p.ws = static_cast<unsigned char*>(workspace);
 
-  // blockIdx.z strides over sequences, so N above the grid limit still works.
-  const dim3 grid(static_cast<unsigned>(s.dv / c.dvb), static_cast<unsigned>(s.H),
-                  static_cast<unsigned>(std::min<std::int64_t>(s.N, 65535)));
+  const dim3 grid(static_cast<unsigned>(s.dv / (16 * c.warps)), static_cast<unsigned>(s.H),
+                  static_cast<unsigned>(c.walk_z));
   if (c.workspace > 0) check_aligned("workspace", workspace);
   // No chunks, no prep (the walk still writes the final state).
   const dim3 prep_grid(s.T > 0 ? static_cast<unsigned>(c.slots) : 0u, static_cast<unsigned>(s.H));

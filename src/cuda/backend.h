@@ -20,7 +20,8 @@ struct Config {
   std::size_t workspace = 0;
   const SplitKernel* split = nullptr;      // the instantiation run() launches
   std::int64_t slots = 0;                  // chunk slots in the workspace, ceil(T / 64) + N
-  int dvb = 0;                             // value columns per CTA
+  int warps = 0;                           // walk warps per CTA (16 value columns each)
+  int walk_z = 1;                          // walk grid z (sequences are strided over it)
   std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
 };

@@ -1,5 +1,6 @@
 // The CUDA path's kernel parameters, workspace record layout and the table of compiled
-// instantiations. Shared by split_launch.cu (kernels) and backend.cu (planning and dispatch).
+// instantiations. Shared by the kernels (prep_kernel.cuh, walk_kernel.cuh, instantiated in
+// split_*.cu) and backend.cu (planning and dispatch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +13,7 @@
 namespace gdnkit::cuda {
 
 constexpr int kChunk = 64;     // tokens per chunk (C)
-constexpr int kThreads = 128;  // threads per CTA (4 warps)
+constexpr int kPrepThreads = 128;  // threads per prep CTA (4 warps); a walk CTA has 32 x warps
 
 // Everything the kernel reads, resolved on the host. Strides are in elements. Pointers are the
 // caller's; the kernel never writes through an input pointer.
@@ -74,7 +75,8 @@ constexpr int kBetaF32 = 0, kBetaBF16 = 1, kBetaF16 = 2;
 // at element 128 b (b + 2). The walk copies the prefix holding its chunk's block rows verbatim
 // into shared memory. Block rows at or past the chunk's last 16-row block are not written (the
 // walk never reads them).
-// Walk, grid (dv / DVB, H, min(N, 65535)): the state-dependent products only.
+// Walk, grid (dv / (16 warps), H, z <= min(N, 65535)): the state-dependent products only, each
+// warp owning 16 value columns; blockIdx.z strides over sequences.
 constexpr int kChunkBlocks = kChunk / 16;
 __host__ __device__ constexpr int lower_block_off(int b) { return 128 * b * (b + 2); }  // elements
 __host__ __device__ constexpr int lower_block_ld(int b) { return 16 * b + 24; }         // elements
@@ -87,10 +89,10 @@ constexpr std::size_t kRecBytes = kRecGOff + std::size_t(kChunk) * 4;  // 18688,
 static_assert(kRecBytes % 128 == 0 && kLowerBytes % 128 == 0, "records and their parts stay 128-byte aligned");
 
 struct SplitKernel {
-  const char* name;          // static, e.g. "cuda-split-wmma-bf16-k128-dv32"
+  const char* name;          // static, e.g. "cuda-split-mma-bf16-k128-w4"
   DType dtype;
   int dk;
-  int dvb;                   // value columns per walk CTA
+  int warps;                 // warps per walk CTA; each owns 16 value columns
   std::size_t prep_smem;     // dynamic shared memory per prep CTA
   std::size_t walk_smem;     // dynamic shared memory per walk CTA
   const void* prep_func;
@@ -99,6 +101,15 @@ struct SplitKernel {
   cudaError_t (*launch)(const ChunkedParams& params, dim3 prep_grid, dim3 walk_grid, cudaStream_t stream);
 };
 
-const SplitKernel* find_split_kernel(DType dtype, int dk, int dvb);
+// nullptr when no instantiation matches.
+const SplitKernel* find_split_kernel(DType dtype, int dk, int warps);
+
+// The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
+struct SplitKernelList {
+  const SplitKernel* begin;
+  int count;
+};
+SplitKernelList split_kernels_bf16();
+SplitKernelList split_kernels_f16();
 
 }  // namespace gdnkit::cuda

@@ -669,8 +669,8 @@ TEST_F(Cuda, WrongDevice) {
   GDN_CUDA(cudaSetDevice(dev));
 }
 
-// The planner's choice, its shared memory and occupancy (printed for the record). On an H100/H200
-// the dk = 128 kernel with 32-column value blocks is sized for two CTAs per SM.
+// The planner's choice, its shared memory and occupancy (printed for the record). Every walk CTA
+// size must fit at least one CTA per SM, and the planner's pick must be a listed instantiation.
 TEST_F(Cuda, PlanReportsKernel) {
   int dev = 0, major = 0, minor = 0;
   GDN_CUDA(cudaGetDevice(&dev));
@@ -687,25 +687,38 @@ TEST_F(Cuda, PlanReportsKernel) {
         const Plan plan = Plan::create(p);
         EXPECT_EQ(plan.backend(), Backend::cuda);
         const std::string name = plan.kernel_name();
-        EXPECT_EQ(name.rfind("cuda-split-wmma-", 0), 0u) << name;
-        const int dvb = name.find("dv16") != std::string::npos ? 16 : 32;
-        const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, dvb);
-        ASSERT_NE(k, nullptr);
+        EXPECT_EQ(name.rfind("cuda-split-mma-", 0), 0u) << name;
+        const cuda::SplitKernel* k = nullptr;
+        for (int w : {1, 2, 4, 8})
+          if (name.size() > 3 && name.substr(name.size() - 3) == "-w" + std::to_string(w))
+            k = cuda::find_split_kernel(dt, d, w);
+        ASSERT_NE(k, nullptr) << name;
         EXPECT_STREQ(k->name, plan.kernel_name());
         // One kRecBytes record per (chunk slot, head): slots = ceil(T / 64) + N, H = 2.
         const std::size_t slots = static_cast<std::size_t>((p.total_tokens + 63) / 64 + seqs);
         EXPECT_EQ(plan.workspace_bytes(), slots * 2 * cuda::kRecBytes);
         int ctas = 0;
-        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->walk_func, cuda::kThreads, k->walk_smem));
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->walk_func, 32 * k->warps, k->walk_smem));
         EXPECT_GE(ctas, 1);
-        if (major == 9 && minor == 0 && d == 128) EXPECT_GE(ctas, 2) << name;
         int prep_ctas = 0;
-        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&prep_ctas, k->prep_func, cuda::kThreads, k->prep_smem));
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&prep_ctas, k->prep_func, cuda::kPrepThreads,
+                                                               k->prep_smem));
         EXPECT_GE(prep_ctas, 1);
-        std::printf("INFO cuda sm_%d%d %d SMs  N=%-5lld H=2 d=%d  kernel %-34s smem %zu B  CTAs/SM %d\n", major, minor,
+        std::printf("INFO cuda sm_%d%d %d SMs  N=%-5lld H=2 d=%d  kernel %-30s smem %zu B  CTAs/SM %d\n", major, minor,
                     test::sm_count(), static_cast<long long>(seqs), d, name.c_str(), k->walk_smem, ctas);
         std::printf("INFO   prep smem %zu B  CTAs/SM %d  workspace %zu B\n", k->prep_smem, prep_ctas,
                     plan.workspace_bytes());
+      }
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int d : {64, 128})
+      for (int w : {1, 2, 4, 8}) {
+        const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, w);
+        ASSERT_NE(k, nullptr);
+        int ctas = 0;
+        GDN_CUDA(cudaFuncSetAttribute(k->walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(k->walk_smem)));
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->walk_func, 32 * w, k->walk_smem));
+        EXPECT_GE(ctas, 1) << k->name;
       }
 }
 

@@ -1,0 +1,48 @@
+// Device helpers shared by the prep and walk kernels: sequence bounds, workspace slots and the
+// cp.async copies of chunk rows and lower-block-layout records into shared memory.
+#pragma once
+
+#include <cuda_pipeline_primitives.h>
+
+#include <cstdint>
+
+#include "cuda/chunked.h"
+
+namespace gdnkit::cuda {
+
+// Copies rows [0, n) of a [rows x COLS] 16-bit global matrix (row stride `stride` elements) into
+// shared memory (ld LD) with 16-byte cp.async, NT threads; rows [n, rows) are zero-filled.
+template <int NT, typename T, int COLS, int LD>
+__device__ __forceinline__ void load_rows_async_n(T* dst, const T* src, std::int64_t stride, int n, int rows,
+                                                  int tid) {
+  constexpr int VEC = 8;
+  constexpr int PER_ROW = COLS / VEC;
+  for (int idx = tid; idx < rows * PER_ROW; idx += NT) {
+    const int row = idx / PER_ROW;
+    const int col = (idx % PER_ROW) * VEC;
+    T* d = dst + row * LD + col;
+    if (row < n)
+      __pipeline_memcpy_async(d, src + row * stride + col, 16);
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// Copies block rows [0, nb) of a lower-block-layout matrix (chunked.h) from its workspace record
+// into shared memory (the same layout: one contiguous prefix) with 16-byte cp.async, NT threads.
+template <int NT, typename T>
+__device__ __forceinline__ void load_lower_async(T* dst, const T* src, int nb, int tid) {
+  const int vecs = lower_block_off(nb) / 8;
+  for (int idx = tid; idx < vecs; idx += NT) __pipeline_memcpy_async(dst + 8 * idx, src + 8 * idx, 16);
+}
+
+__device__ __forceinline__ std::int64_t seq_begin(const ChunkedParams& p, std::int64_t n) {
+  if (!p.has_cu_seqlens) return n * p.uniform_len;
+  return p.cu_seqlens_i64 ? static_cast<const std::int64_t*>(p.cu_seqlens)[n]
+                          : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p.cu_seqlens)[n]);
+}
+
+// First workspace slot of sequence n (its chunk j uses slot + j).
+__device__ __forceinline__ std::int64_t first_slot(std::int64_t bos, std::int64_t n) { return bos / kChunk + n; }
+
+}  // namespace gdnkit::cuda

@@ -1,0 +1,79 @@
+// Warp-level tensor-core primitives of sm_80 and newer, as inline PTX: ldmatrix (shared memory to
+// operand fragments), mma.sync m16n8k16 (16-bit operands, fp32 accumulators) and movmatrix (an 8x8
+// transpose in registers). Their fragment layouts are fixed by the PTX ISA, so values can stay in
+// registers from one product to the next. With lane = 4 g + t:
+//
+//   A, 16 x 16, row major:  a0 = A[g][2t, 2t+1]    a1 = A[g+8][2t, 2t+1]
+//                           a2 = A[g][2t+8, 2t+9]  a3 = A[g+8][2t+8, 2t+9]
+//   B, 16 x 8, col major:   b0 = B[2t, 2t+1][g]    b1 = B[2t+8, 2t+9][g]
+//   C, 16 x 8, fp32:        c0, c1 = C[g][2t, 2t+1]    c2, c3 = C[g+8][2t, 2t+1]
+//
+// Two adjacent C tiles (columns [0, 8) and [8, 16)), rounded to 16 bits in pairs, are exactly the
+// A fragment of the 16 x 16 block they form: a product's result feeds the next product directly.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gdnkit::cuda {
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 x 8 16-bit matrices; lanes 8 m .. 8 m + 7 give the row addresses of matrix m, and r[m]
+// receives matrix m in the C layout of one 8 x 8 quarter (lane holds row g, columns 2t, 2t+1).
+__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+
+// As ldsm_x4, each matrix transposed: lane holds rows 2t, 2t+1 of column g.
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+
+// d += A B (16 x 8 x 16).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                        std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                 std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The transpose of an 8 x 8 16-bit matrix held in the C layout of one quarter.
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// The same value, opaque to the optimiser: what is computed from it is neither folded nor shared
+// with other code (used to keep address arithmetic from being held in registers for long).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ std::int64_t opaque(std::int64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+}  // namespace gdnkit::cuda
