@@ -8,6 +8,8 @@
 #
 #   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
+#   PYTEST=0 skips the Python tests of the test stage.
+#   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -49,10 +51,12 @@ if has test; then
   rc=$?; [ $rc -ne 0 ] && status=1
   note "gpu tests: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED' "$OUT/gpu_tests.log" | head -20
-  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -s -rs >"$OUT/pytest.log" 2>&1
-  rc=$?; [ $rc -ne 0 ] && status=1
-  note "pytest: rc=$rc: $(tail -1 "$OUT/pytest.log")"
-  grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -20
+  if [ "${PYTEST:-1}" != 0 ]; then
+    PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -s -rs >"$OUT/pytest.log" 2>&1
+    rc=$?; [ $rc -ne 0 ] && status=1
+    note "pytest: rc=$rc: $(tail -1 "$OUT/pytest.log")"
+    grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -20
+  fi
   grep -hE '^(ERR|ACC) ' "$OUT/gpu_tests.log" "$OUT/pytest.log" >"$OUT/accuracy.txt" 2>/dev/null || true
 fi
 
@@ -61,6 +65,19 @@ if has cli; then
   rc=$?; [ $rc -ne 0 ] && status=1
   note "cli: rc=$rc"
   cat "$OUT/cli.txt"
+fi
+
+if has profile; then
+  # Nsight Compute on one walk and one prep launch of a long single-sequence row (PROFILE_ARGS).
+  args=${PROFILE_ARGS:-"--lens 4096 --heads 64,64,64 --repeat 1 --check 1"}
+  for k in walk prep; do
+    ncu --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy \
+      --section LaunchStats --section SourceCounters \
+      "$BUILD/gdnkit" $args >"$OUT/ncu-$k.txt" 2>&1
+    note "ncu $k: rc=$? ($(grep -m1 -E 'Duration' "$OUT/ncu-$k.txt" | tr -s ' '))"
+  done
 fi
 
 if has bench; then

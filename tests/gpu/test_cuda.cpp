@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -363,39 +364,35 @@ TEST_F(Cuda, LinearGateExtremes) {
   report("linear gates 0 and 1", s, e, kernel);
 }
 
-// Value-column blocks of 32 (chosen when there are at least as many (sequence, head, block) walks
-// as SMs): force the planner's choice with enough sequences for the device's SM count.
-TEST_F(Cuda, WideValueBlocks) {
+// Walk CTAs of 1, 2, 4 and 8 warps (16 value columns each): the planner picks by how many
+// (sequence, head, column block) walks there are per SM, so a growing number of sequences walks
+// every size on a 132-SM H200 (fewer on other devices). Each must be exact against the oracle.
+TEST_F(Cuda, WalkCtaSizes) {
   const int sms = test::sm_count();
+  std::set<std::string> kernels;
   int i = 0;
   for (DType dt : {DType::bf16, DType::f16})
     for (int dk : {64, 128})
-      for (int dv : {64, 128}) {
+      for (int seqs : {1, (sms + 3) / 4, (sms + 1) / 2, sms}) {
         Spec s;
-        s.Hq = s.Hk = 1;
-        s.Hv = 8;
-        const int walks_needed = sms / (s.Hv * (dv / 32)) + 1;
+        s.Hq = s.Hk = s.Hv = 1;
         s.lens.clear();
-        for (int n = 0; n < walks_needed; ++n) s.lens.push_back(n % 5 == 0 ? 0 : 20 + (n * 53) % 140);
+        for (int n = 0; n < seqs; ++n) s.lens.push_back(n % 7 == 3 ? 0 : 20 + (n * 53) % 140);
         s.dk = dk;
-        s.dv = dv;
+        s.dv = 128;
         s.qkv = dt;
         s.initial_state = i % 2;
         s.layout = i % 3 ? StateLayout::kv : StateLayout::vk;
         s.seed = 1050 + i++;
         std::string kernel;
-        check_case(s, "dv block 32 dk=" + std::to_string(dk) + " dv=" + std::to_string(dv), &kernel);
-        EXPECT_NE(kernel.find("dv32"), std::string::npos) << kernel;
+        check_case(s, "walk CTA sizes N=" + std::to_string(seqs) + " dk=" + std::to_string(dk), &kernel);
+        kernels.insert(kernel.substr(kernel.rfind('-') + 1));
       }
-  // Few walks: the planner splits value columns into blocks of 16.
-  Spec s;
-  s.lens = {100};
-  s.Hq = s.Hk = s.Hv = 1;
-  s.dk = s.dv = 128;
-  s.seed = 1060;
-  std::string kernel;
-  check_case(s, "dv block 16", &kernel);
-  EXPECT_NE(kernel.find("dv16"), std::string::npos) << kernel;
+  std::string seen;
+  for (const std::string& k : kernels) seen += k + " ";
+  std::printf("INFO walk CTA sizes used: %s\n", seen.c_str());
+  if (sms == 132) EXPECT_EQ(kernels.size(), 4u) << seen;
+  else EXPECT_GE(kernels.size(), 2u) << seen;
 }
 
 // Running the first part of each sequence, then the rest from its final state, equals one run:
