@@ -22,6 +22,9 @@ namespace gdnkit::cuda {
 
 // ---- prep ---------------------------------------------------------------------------------------
 
+// Shared memory, 35 KB at dk = 128 (six CTAs per SM on an H100/H200): Q is staged where At later
+// lives (both 17,408 bytes; Q K^T is held in registers until every warp is done reading Q), and
+// the inverse's scratch R reuses K's space once K K^T is formed.
 template <int DK>
 struct PrepLayout {
   static constexpr int C = kChunk;
@@ -32,34 +35,55 @@ struct PrepLayout {
   static constexpr std::size_t at_bytes = std::size_t(C) * LDA * 4;
   static constexpr std::size_t r_bytes = std::size_t(16) * LDR * 4;
   static constexpr std::size_t vec_bytes = std::size_t(C) * 4;
-  static constexpr std::size_t off_k = 0;
-  static constexpr std::size_t off_q = off_k + align128(k_bytes);
-  static constexpr std::size_t off_at = off_q + align128(k_bytes);
-  static constexpr std::size_t off_r = off_at + align128(at_bytes);
-  static constexpr std::size_t off_G = off_r + align128(r_bytes);
+  static constexpr std::size_t off_k = 0;  // K, then R
+  static constexpr std::size_t off_at = off_k + align128(k_bytes > r_bytes ? k_bytes : r_bytes);  // Q, then At
+  static constexpr std::size_t off_G = off_at + align128(at_bytes > k_bytes ? at_bytes : k_bytes);
   static constexpr std::size_t off_beta = off_G + align128(vec_bytes);
   static constexpr std::size_t total = off_beta + align128(vec_bytes);
 };
 
-// D = X Y^T for the lower block tiles (bi >= bj) with bi < nb (X, Y: ld LDK; D fp32, ld LDA).
+// D = X Y^T for the lower block tiles (bi >= bj) with bi < nb (X, Y: ld LDK; D fp32, ld LDA). All
+// warps' products are formed before any is stored (one CTA barrier between), so D may overlap X
+// or Y. At most 10 tiles over 4 warps: up to 3 per warp.
 template <typename T, int DK, int LDK, int LDA>
 __device__ __forceinline__ void gram_lower_tiles_nb(const T* X, const T* Y, float* D, int warp, int nb) {
   const int tiles = nb * (nb + 1) / 2;
-  for (int t = warp; t < tiles; t += 4) {
-    int bi = 0;
-    while ((bi + 1) * (bi + 2) / 2 <= t) ++bi;
-    const int bj = t - bi * (bi + 1) / 2;
-    FragC acc;
-    wm::fill_fragment(acc, 0.0f);
+  FragC acc[3];
+  int at[3];
 #pragma unroll
-    for (int kk = 0; kk < DK; kk += 16) {
-      FragA<T> a;
-      FragBT<T> b;
-      wm::load_matrix_sync(a, X + bi * 16 * LDK + kk, LDK);
-      wm::load_matrix_sync(b, Y + bj * 16 * LDK + kk, LDK);
-      wm::mma_sync(acc, a, b, acc);
+  for (int k = 0; k < 3; ++k) {
+    const int t = warp + 4 * k;
+    at[k] = -1;
+    if (t < tiles) {
+      int bi = 0;
+      while ((bi + 1) * (bi + 2) / 2 <= t) ++bi;
+      const int bj = t - bi * (bi + 1) / 2;
+      at[k] = bi * 16 * LDA + bj * 16;
+      wm::fill_fragment(acc[k], 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < DK; kk += 16) {
+        FragA<T> a;
+        FragBT<T> b;
+        wm::load_matrix_sync(a, X + bi * 16 * LDK + kk, LDK);
+        wm::load_matrix_sync(b, Y + bj * 16 * LDK + kk, LDK);
+        wm::mma_sync(acc[k], a, b, acc[k]);
+      }
     }
-    wm::store_matrix_sync(D + bi * 16 * LDA + bj * 16, acc, LDA, wm::mem_row_major);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < 3; ++k)
+    if (at[k] >= 0) wm::store_matrix_sync(D + at[k], acc[k], LDA, wm::mem_row_major);
+}
+
+// Calls f(b, i, j) for every column pair (j, j + 1) of block rows [0, nb) of a lower-block-layout
+// matrix (chunked.h), row padding included: 16 rows x 8 pairs per pass of the 128 threads.
+template <typename F>
+__device__ __forceinline__ void for_lower_pairs(int nb, int tid, F&& f) {
+  const int r = tid / 8, jp0 = tid % 8;
+  for (int b = 0; b < nb; ++b) {
+    const int pairs = lower_block_ld(b) / 2;
+    for (int jp = jp0; jp < pairs; jp += 8) f(b, 16 * b + r, 2 * jp);
   }
 }
 
@@ -93,9 +117,9 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* const Ks = reinterpret_cast<T*>(smem + L::off_k);
-  T* const Qs = reinterpret_cast<T*>(smem + L::off_q);
+  T* const Qs = reinterpret_cast<T*>(smem + L::off_at);      // until Q K^T is formed
   float* const At = reinterpret_cast<float*>(smem + L::off_at);
-  float* const Rs = reinterpret_cast<float*>(smem + L::off_r);
+  float* const Rs = reinterpret_cast<float*>(smem + L::off_k);  // once K K^T is formed
   float* const Gs = reinterpret_cast<float*>(smem + L::off_G);
   float* const bs = reinterpret_cast<float*>(smem + L::off_beta);
 
@@ -151,13 +175,9 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
   gram_lower_tiles_nb<T, DK, LDK, LDA>(Qs, Ks, At, warp, nb);
   __syncthreads();
 
-  // P block rows [0, nb) (lower-block layout, row padding written as zeros so that the walk
-  // never copies uninitialised memory), two columns per thread and step (32-bit stores).
-  constexpr int PAIRS = lower_block_ld(kChunkBlocks - 1) / 2;  // pairs in the widest row
-  for (int e = tid; e < nb * 16 * PAIRS; e += kPrepThreads) {
-    const int i = e / PAIRS, j = 2 * (e % PAIRS);
-    const int b = i / 16;
-    if (j >= lower_block_ld(b)) continue;
+  // P block rows [0, nb) (lower-block layout, zero above the diagonal and in the row padding, so
+  // that the walk never copies uninitialised memory).
+  for_lower_pairs(nb, tid, [&](int b, int i, int j) {
     float x0 = 0.0f, x1 = 0.0f;
     if (j <= i) {
       const float gi = Gs[i];
@@ -165,7 +185,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
       if (j + 1 <= i) x1 = p.scale * At[i * LDA + j + 1] * __expf(gi - Gs[j + 1]);
     }
     *reinterpret_cast<unsigned*>(Pg + lower_block_off(b) + (i % 16) * lower_block_ld(b) + j) = pack2<T>(x0, x1);
-  }
+  });
   __syncthreads();
 
   // At = K K^T (lower block tiles). A = strict_lower(diag(beta) K K^T) is never formed: the
@@ -242,12 +262,9 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
     __syncthreads();
   }
 
-  // Mt block rows [0, nb) as hi + lo (lower-block layout, padding zero): hi = round(Mt),
-  // lo = round(Mt - hi).
-  for (int e = tid; e < nb * 16 * PAIRS; e += kPrepThreads) {
-    const int i = e / PAIRS, j = 2 * (e % PAIRS);
-    const int b = i / 16;
-    if (j >= lower_block_ld(b)) continue;
+  // Mt block rows [0, nb) as hi + lo (lower-block layout, zero above the diagonal and in the row
+  // padding): hi = round(Mt), lo = round(Mt - hi).
+  for_lower_pairs(nb, tid, [&](int b, int i, int j) {
     float x0 = 0.0f, x1 = 0.0f;
     if (j <= i) {
       const float gi = Gs[i];
@@ -258,7 +275,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
     const int at = lower_block_off(b) + (i % 16) * lower_block_ld(b) + j;
     *reinterpret_cast<unsigned*>(Mg + at) = pack2<T>(to_f32(h0), to_f32(h1));
     *reinterpret_cast<unsigned*>(Mlg + at) = pack2<T>(x0 - to_f32(h0), x1 - to_f32(h1));
-  }
+  });
 #endif
 }
 
