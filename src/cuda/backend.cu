@@ -122,7 +122,7 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
   }
 
   // The default build has kernel images for sm_80 (runs on 8.x) and sm_90a (runs on 9.0 only). An
-  // image compiled for a virtual architecture below 8.0 holds only a trap (bf16 wmma needs sm_80).
+  // image compiled for a virtual architecture below 8.0 holds only a trap (bf16 mma.sync needs sm_80).
   cudaFuncAttributes attrs{};
   const cudaError_t img_err = cudaFuncGetAttributes(&attrs, split->walk_func);
   if (img_err != cudaSuccess || attrs.ptxVersion < 80) {

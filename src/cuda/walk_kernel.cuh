@@ -19,8 +19,8 @@
 //
 // Each product's fp32 accumulators, rounded in pairs to the qkv dtype, are the next product's A
 // fragments (mma_sm80.cuh), so nothing but the staged inputs and the output goes through shared
-// memory. The roundings are the ones of the earlier WMMA walk: S, X, Vn and Vd to 16 bits as
-// operands, everything else fp32. Ot is transposed back in registers (movmatrix) and stored.
+// memory. The roundings are those of the earlier WMMA walk (docs/perf-notes.md): S, X, Vn and Vd
+// to 16 bits as operands, everything else fp32. Ot is transposed back in registers (movmatrix).
 //
 // A CTA of WARPS warps covers DVB = 16 WARPS value columns of one head and shares the staging of
 // K, Q, V, the record and G: two stages, the next chunk's copies (cp.async) in flight while the
