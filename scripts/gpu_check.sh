@@ -9,6 +9,7 @@
 #   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
 #   PYTEST=0 skips the Python tests of the test stage.
+#   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,22 @@ if has cli; then
   rc=$?; [ $rc -ne 0 ] && status=1
   note "cli: rc=$rc"
   cat "$OUT/cli.txt"
+fi
+
+if has sanitize; then
+  # compute-sanitizer's four tools on the CLI: a mixed varlen batch (empty and 1-token sequences,
+  # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence.
+  for tool in memcheck racecheck synccheck initcheck; do
+    for args in "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk" \
+                "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear" \
+                "--lens 300 --heads 1,1,2 --dtype f16"; do
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/gdnkit" $args --repeat 1 --check 1 \
+        >"$OUT/sanitizer.log" 2>&1
+      rc=$?; [ $rc -ne 0 ] && status=1
+      note "sanitizer $tool [$args]: rc=$rc $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|backend' "$OUT/sanitizer.log" | tr -s ' ' | tr '\n' ' ')"
+      [ $rc -ne 0 ] && grep -m5 -iE "error|invalid|hazard" "$OUT/sanitizer.log"
+    done
+  done
 fi
 
 if has profile; then
