@@ -166,10 +166,14 @@ Plan Plan::create(const Problem& problem, const Options& options) {
   auto impl = std::make_unique<PlanImpl>();
   impl->problem = problem;
   impl->options = options;
+  impl->options.kernel = nullptr;  // the caller's string need not outlive the plan
   impl->shape = detail::resolve_shape(problem);
   if (problem.memory == Memory::host) {
     if (options.backend == Backend::cuda)
       fail(Error::Kind::unsupported, "backend", "cpu or automatic for host memory", "cuda");
+    if (options.kernel != nullptr && std::string(options.kernel) != "cpu-chunked-fp32")
+      fail(Error::Kind::invalid_value, "options.kernel", "cpu-chunked-fp32 (the CPU backend's only kernel) or none",
+           options.kernel);
     impl->backend = Backend::cpu;
     impl->cpu = cpu::plan(problem, impl->shape, options);
     impl->workspace = cpu::workspace_bytes(impl->shape, impl->cpu);

@@ -91,6 +91,11 @@ struct Problem {
 struct Options {
   Backend backend = Backend::automatic;
   int cpu_threads = 0;  // CPU backend worker threads; 0 = all hardware threads
+  // CUDA backend: run exactly this kernel (spelled as Plan::kernel_name() reports it, e.g.
+  // "cuda-split-wgmma-bf16-k128-w4"); nullptr lets the planner choose. A name that does not exist
+  // for the problem's dtype and dk is invalid_value; one the device cannot run is unsupported.
+  // Never a silent fallback.
+  const char* kernel = nullptr;
 };
 
 // Data pointers for one run. Shapes follow Problem:

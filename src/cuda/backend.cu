@@ -51,14 +51,31 @@ int attribute(cudaDeviceAttr attr, int device, const char* what) {
 
 }  // namespace
 
-const SplitKernel* find_split_kernel(DType dtype, int dk, int warps) {
+const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a) {
   for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
     for (int i = 0; i < list.count; ++i) {
       const SplitKernel& k = list.begin[i];
-      if (k.dtype == dtype && k.dk == dk && k.warps == warps) return &k;
+      if (k.dtype == dtype && k.dk == dk && k.warps == warps && k.sm90a == sm90a) return &k;
     }
   return nullptr;
 }
+
+namespace {
+
+// True when the device runs k's walk: the wgmma walks need compute capability 9.0 and an sm_90a
+// image of the kernel (other images of it are a trap).
+bool walk_runs_on(const SplitKernel& k, int cc_major, int cc_minor) {
+  if (!k.sm90a) return true;
+  if (cc_major != 9 || cc_minor != 0) return false;
+  cudaFuncAttributes attrs{};
+  if (cudaFuncGetAttributes(&attrs, k.walk_func) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attrs.binaryVersion == 90;
+}
+
+}  // namespace
 
 bool device_available() noexcept {
   int count = 0;
@@ -70,7 +87,7 @@ bool device_available() noexcept {
   return count > 0;
 }
 
-Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
+Config plan(const Problem& problem, const detail::Shape& s, const Options& options) {
   if (!device_available()) fail(K::unsupported, "memory", "a usable CUDA device for Memory::cuda", "none");
   if (s.dk != 64 && s.dk != 128) fail(K::unsupported, "head_dim_k", "64 or 128 for the CUDA backend", str(s.dk));
   if (s.dv != 64 && s.dv != 128) fail(K::unsupported, "head_dim_v", "64 or 128 for the CUDA backend", str(s.dv));
@@ -98,11 +115,35 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options&) {
   // Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
   // chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
   // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
+  // CTAs of 4 and 8 warps use the wgmma walk where the device runs it (H100/H200).
   const std::int64_t cols16 = s.dv / 16;
   const SplitKernel* split = nullptr;
+  if (options.kernel != nullptr) {
+    // The caller's choice, or an error.
+    const std::string want = options.kernel;
+    std::string names;
+    for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
+      for (int i = 0; i < list.count; ++i) {
+        const SplitKernel& k = list.begin[i];
+        if (k.dtype != problem.qkv_dtype || k.dk != s.dk || cols16 % k.warps != 0) continue;
+        names += (names.empty() ? "" : ", ") + std::string(k.name);
+        if (want == k.name) split = &k;
+      }
+    if (split == nullptr)
+      fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
+    if (!walk_runs_on(*split, c.cc_major, c.cc_minor) || split->walk_smem > static_cast<std::size_t>(smem_optin))
+      fail(K::unsupported, "options.kernel",
+           "a kernel this device runs (" + want + " needs " +
+               (split->sm90a ? "compute capability 9.0 and an sm_90a image" : "compute capability 8.0+") + " and " +
+               str(static_cast<std::int64_t>(split->walk_smem)) + " bytes of shared memory per block)",
+           "sm_" + str(c.cc_major) + str(c.cc_minor) + " with " + str(smem_optin) + " bytes");
+  }
   std::int64_t best_cost = 0;
   for (int warps : {8, 4, 2, 1}) {
-    const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
+    if (options.kernel != nullptr) break;
+    const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, warps, true);
+    if (k == nullptr || !walk_runs_on(*k, c.cc_major, c.cc_minor))
+      k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
     if (k == nullptr || cols16 % warps != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||
         k->prep_smem > static_cast<std::size_t>(smem_optin))
       continue;

@@ -93,6 +93,7 @@ struct SplitKernel {
   DType dtype;
   int dk;
   int warps;                 // warps per walk CTA; each owns 16 value columns
+  bool sm90a;                // wgmma walk: runs only on compute capability 9.0 with an sm_90a image
   std::size_t prep_smem;     // dynamic shared memory per prep CTA
   std::size_t walk_smem;     // dynamic shared memory per walk CTA
   const void* prep_func;
@@ -102,7 +103,7 @@ struct SplitKernel {
 };
 
 // nullptr when no instantiation matches.
-const SplitKernel* find_split_kernel(DType dtype, int dk, int warps);
+const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a = false);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

@@ -1,4 +1,4 @@
-// Launchers and table entries of the CUDA path's kernels, one per (qkv dtype, dk, walk warps).
+// Launchers and table entries of the CUDA path's kernels, one per (qkv dtype, dk, walk policy).
 // Included by split_bf16.cu and split_f16.cu, one translation unit per dtype (they compile in
 // parallel).
 #pragma once
@@ -8,32 +8,37 @@
 #include "cuda/chunked.h"
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_kernel.cuh"
+#if GDNKIT_HAS_CUTLASS
+#include "cuda/walk_sm90.cuh"
+#endif
 
 namespace gdnkit::cuda {
 
-template <typename T, int DK, int WARPS>
+template <class W>
 cudaError_t launch_split(const ChunkedParams& params, dim3 prep_grid, dim3 walk_grid, cudaStream_t stream) {
+  using T = typename W::T;
   void* args[] = {const_cast<ChunkedParams*>(&params)};
   if (prep_grid.x > 0) {
-    const cudaError_t err = cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_prep_kernel<T, DK>), prep_grid,
-                                             dim3(kPrepThreads), args, PrepLayout<DK>::total, stream);
+    const cudaError_t err = cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_prep_kernel<T, W::DK>), prep_grid,
+                                             dim3(kPrepThreads), args, PrepLayout<W::DK>::total, stream);
     if (err != cudaSuccess) return err;
   }
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_walk_kernel<T, DK, WARPS>), walk_grid,
-                          dim3(32 * WARPS), args, WalkLayout<DK, WARPS>::total, stream);
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_walk_kernel<W>), walk_grid, dim3(W::kThreads), args,
+                          W::smem_bytes, stream);
 }
 
-template <typename T, int DK, int WARPS>
+template <class W>
 constexpr SplitKernel split_entry(const char* name, DType dtype) {
   return SplitKernel{name,
                      dtype,
-                     DK,
-                     WARPS,
-                     PrepLayout<DK>::total,
-                     WalkLayout<DK, WARPS>::total,
-                     reinterpret_cast<const void*>(&gdn_prep_kernel<T, DK>),
-                     reinterpret_cast<const void*>(&gdn_walk_kernel<T, DK, WARPS>),
-                     &launch_split<T, DK, WARPS>};
+                     W::DK,
+                     W::kThreads / 32,
+                     W::kSm90a,
+                     PrepLayout<W::DK>::total,
+                     W::smem_bytes,
+                     reinterpret_cast<const void*>(&gdn_prep_kernel<typename W::T, W::DK>),
+                     reinterpret_cast<const void*>(&gdn_walk_kernel<W>),
+                     &launch_split<W>};
 }
 
 }  // namespace gdnkit::cuda

@@ -22,10 +22,16 @@
 // memory. The roundings are those of the earlier WMMA walk (docs/perf-notes.md): S, X, Vn and Vd
 // to 16 bits as operands, everything else fp32. Ot is transposed back in registers (movmatrix).
 //
-// A CTA of WARPS warps covers DVB = 16 WARPS value columns of one head and shares the staging of
-// K, Q, V, the record and G: two stages, the next chunk's copies (cp.async) in flight while the
-// current one is computed, one CTA barrier per chunk. blockIdx.z strides over sequences, and the
-// pipeline runs across sequence boundaries too (short sequences overlap their loads).
+// A CTA covers DVB = 16 x warps value columns of one head and shares the staging of K, Q, V, the
+// record and G: two stages, the next chunk's copies (cp.async) in flight while the current one is
+// computed, one CTA barrier per chunk. blockIdx.z strides over sequences, and the pipeline runs
+// across sequence boundaries too (short sequences overlap their loads).
+//
+// The five products come from a staging policy: MmaSyncWalk (here; sm_80+: ldmatrix + mma.sync,
+// every warp reading its B operands itself) or WgmmaWalk (walk_sm90.cuh; sm_90a: wgmma, one read
+// of each B operand per warpgroup through 128-byte-swizzled shared memory). Both keep the same
+// registers (St, KSt, QSt, Vnt: the accumulator layouts coincide), so the element-wise steps, the
+// output store and the pipeline below are shared.
 // Only the 16-row blocks that hold valid rows are touched (nb = ceil(nrows / 16)); rows in
 // [nrows, 16 nb) are zero in K, Q, V, Mt and P, so they stay zero through every product.
 #pragma once
@@ -38,26 +44,6 @@
 #include "cuda/wmma_common.cuh"
 
 namespace gdnkit::cuda {
-
-template <int DK, int WARPS>
-struct WalkLayout {
-  static constexpr int C = kChunk;
-  static constexpr int DVB = 16 * WARPS;
-  static constexpr int LDK = DK + 8;   // +16 bytes per row: ldmatrix rows in distinct bank groups
-  static constexpr int LDV = DVB + 8;
-  static constexpr std::size_t k_bytes = std::size_t(C) * LDK * 2;
-  static constexpr std::size_t v_bytes = std::size_t(C) * LDV * 2;
-  // Per stage: K, Q, V and a copy of the chunk's workspace record (Mt hi, Mt lo, P, G at the
-  // record's own offsets, so that a full chunk's record is one contiguous copy).
-  static constexpr std::size_t off_k = 0;
-  static constexpr std::size_t off_q = off_k + align128(k_bytes);
-  static constexpr std::size_t off_v = off_q + align128(k_bytes);
-  static constexpr std::size_t off_rec = off_v + align128(v_bytes);
-  static constexpr std::size_t stage = off_rec + kRecBytes;
-  static constexpr std::size_t total = 2 * stage;
-  static_assert(DK % 16 == 0, "key tiles are 16 wide");
-  static_assert(kRecBytes % 128 == 0, "stages stay 128-byte aligned");
-};
 
 // Copies a full chunk's [64 x COLS] 16-bit tile (row stride `stride` elements) into shared memory
 // (ld LD) with 16-byte cp.async: NT is a multiple of the vectors per row, so each thread keeps one
@@ -97,31 +83,168 @@ __device__ __forceinline__ void to_a_frag(std::uint32_t (&a)[4], const float (&l
   a[3] = pack2<T>(hi[2], hi[3]);
 }
 
-// One warp's view of a stage and its lane constants (see gdn_walk_kernel).
+// A lane's constants: lane = 4 g + t; cw is the warp's first column within the CTA's block.
+// ldmatrix row addresses: lane provides row (lane % 8) of matrix m = lane / 8. Pattern "rows":
+// matrices (r, c), (r, c + 8), (r + 8, c), (r + 8, c + 8); pattern "cols": (r, c), (r + 8, c),
+// (r, c + 8), (r + 8, c + 8).
+struct WalkLane {
+  int g, t, cw, warp;
+  int rows_r, rows_c;
+  int cols_r, cols_c;
+};
+
+// The staged operands of one chunk, as the shared step sees them.
 template <typename T>
 struct WalkStage {
-  const T* K;   // [64][LDK]
-  const T* Q;   // [64][LDK]
-  const T* V;   // [64][LDV], the CTA's DVB columns
-  const T* Mh;  // Mt hi, lower-block layout
-  const T* Ml;  // Mt lo
-  const T* P;
-  const float* G;
+  const unsigned char* base;  // the stage (policy-specific layout of K, Q, Mt, P)
+  const T* V;                 // [64][LDV], the CTA's DVB columns, padded rows
+  const float* G;             // 64 gate sums
 };
-struct WalkLane {
-  int g, t;             // lane = 4 g + t
-  int cw;               // the warp's first column within the CTA's block
-  int rows_r, rows_c;   // ldmatrix row address offsets, "rows" pattern
-  int cols_r, cols_c;   // "cols" pattern
+
+// mma.sync products: K, Q as padded [64][DK + 8] tiles, Mt hi, Mt lo, P, G as a verbatim copy of
+// the workspace record (lower-block layout), V as [64][DVB + 8].
+template <typename T_, int DK_, int WARPS>
+struct MmaSyncWalk {
+  using T = T_;
+  static constexpr int DK = DK_;
+  static constexpr int kThreads = 32 * WARPS;
+  static constexpr int DVB = 16 * WARPS;
+  static constexpr int LDK = DK + 8;   // +16 bytes per row: ldmatrix rows in distinct bank groups
+  static constexpr int LDV = DVB + 8;
+  static constexpr std::size_t k_bytes = std::size_t(kChunk) * LDK * 2;
+  static constexpr std::size_t v_bytes = std::size_t(kChunk) * LDV * 2;
+  static constexpr std::size_t off_k = 0;
+  static constexpr std::size_t off_q = off_k + align128(k_bytes);
+  static constexpr std::size_t off_v = off_q + align128(k_bytes);
+  static constexpr std::size_t off_rec = off_v + align128(v_bytes);  // Mt hi, Mt lo, P, G at the record's offsets
+  static constexpr std::size_t stage_bytes = off_rec + kRecBytes;
+  static constexpr bool kSm90a = false;
+  static constexpr std::size_t align = 128;  // of the stages' base (dynamic shared memory is at least this)
+  static constexpr std::size_t smem_bytes = 2 * stage_bytes;
+  static_assert(DK % 16 == 0 && kRecBytes % 128 == 0, "16-wide key tiles, 128-byte aligned stages");
+
+  __device__ static void prepare(unsigned char*, int) {}
+
+  // Copies of one chunk (nrows rows from k, q, v; the record rec) into a stage. A tail chunk
+  // copies only its nb = ceil(nrows / 16) row blocks and zero-fills K, Q, V rows [nrows, 16 nb).
+  __device__ static void load(unsigned char* stage, const T* k, std::int64_t k_token, const T* q,
+                              std::int64_t q_token, const T* v, std::int64_t v_token, const unsigned char* rec,
+                              int nrows, int tid) {
+    T* const Kd = reinterpret_cast<T*>(stage + off_k);
+    T* const Qd = reinterpret_cast<T*>(stage + off_q);
+    T* const Vd = reinterpret_cast<T*>(stage + off_v);
+    unsigned char* const Rd = stage + off_rec;
+    if (nrows == kChunk) {
+      load_tile_full<kThreads, T, DK, LDK>(Kd, k, k_token, tid);
+      load_tile_full<kThreads, T, DK, LDK>(Qd, q, q_token, tid);
+      load_tile_full<kThreads, T, DVB, LDV>(Vd, v, v_token, tid);
+      for (int i = tid; i < static_cast<int>(kRecBytes / 16); i += kThreads)
+        __pipeline_memcpy_async(Rd + 16 * i, rec + 16 * i, 16);
+    } else {
+      const int nb = (nrows + 15) / 16;
+      load_rows_async_n<kThreads, T, DK, LDK>(Kd, k, k_token, nrows, nb * 16, tid);
+      load_rows_async_n<kThreads, T, DK, LDK>(Qd, q, q_token, nrows, nb * 16, tid);
+      load_rows_async_n<kThreads, T, DVB, LDV>(Vd, v, v_token, nrows, nb * 16, tid);
+      for (std::size_t off : {kRecMtOff, kRecMtLoOff, kRecPOff})
+        load_lower_async<kThreads>(reinterpret_cast<T*>(Rd + off), reinterpret_cast<const T*>(rec + off), nb, tid);
+      for (int i = tid; i < kChunk / 4; i += kThreads)
+        __pipeline_memcpy_async(Rd + kRecGOff + 16 * i, rec + kRecGOff + 16 * i, 16);
+    }
+  }
+  __device__ static WalkStage<T> stage(const unsigned char* base) {
+    return {base, reinterpret_cast<const T*>(base + off_v), reinterpret_cast<const float*>(base + off_rec + kRecGOff)};
+  }
+
+  // KSt = St K^T and QSt = St Q^T (added to ks, qs).
+  template <int NB>
+  __device__ static void kq(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], const float (&st)[DK / 8][4],
+                            const WalkStage<T>& S, const WalkLane& l) {
+    const T* const K = reinterpret_cast<const T*>(S.base + off_k);
+    const T* const Q = reinterpret_cast<const T*>(S.base + off_q);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {
+      std::uint32_t a[4];
+      to_a_frag<T>(a, st[2 * kk], st[2 * kk + 1]);
+#pragma unroll
+      for (int rb = 0; rb < NB; ++rb) {
+        std::uint32_t b[4];
+        ldsm_x4(b, K + (16 * rb + l.rows_r) * LDK + 16 * kk + l.rows_c);
+        mma16816<T>(ks[2 * rb], a, b[0], b[1]);
+        mma16816<T>(ks[2 * rb + 1], a, b[2], b[3]);
+        ldsm_x4(b, Q + (16 * rb + l.rows_r) * LDK + 16 * kk + l.rows_c);
+        mma16816<T>(qs[2 * rb], a, b[0], b[1]);
+        mma16816<T>(qs[2 * rb + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // vn += Xt Mt_lo^T + Xt Mt_hi^T (Mt lower block triangular).
+  template <int NB>
+  __device__ static void vn(float (&vn)[2 * NB][4], const std::uint32_t (&xa)[NB][4], const WalkStage<T>& S,
+                            const WalkLane& l) {
+    const T* const Mh = reinterpret_cast<const T*>(S.base + off_rec + kRecMtOff);
+    const T* const Ml = reinterpret_cast<const T*>(S.base + off_rec + kRecMtLoOff);
+#pragma unroll
+    for (int bi = 0; bi < NB; ++bi) {
+      const int row_off = lower_block_off(bi) + l.rows_r * lower_block_ld(bi) + l.rows_c;
+#pragma unroll
+      for (int bj = 0; bj <= bi; ++bj) {
+        std::uint32_t lo[4], hi[4];
+        ldsm_x4(lo, Ml + row_off + 16 * bj);
+        ldsm_x4(hi, Mh + row_off + 16 * bj);
+        mma16816<T>(vn[2 * bi], xa[bj], lo[0], lo[1]);
+        mma16816<T>(vn[2 * bi + 1], xa[bj], lo[2], lo[3]);
+        mma16816<T>(vn[2 * bi], xa[bj], hi[0], hi[1]);
+        mma16816<T>(vn[2 * bi + 1], xa[bj], hi[2], hi[3]);
+      }
+    }
+  }
+
+  // qs += Vnt P^T.
+  template <int NB>
+  __device__ static void out(float (&qs)[2 * NB][4], const std::uint32_t (&na)[NB][4], const WalkStage<T>& S,
+                             const WalkLane& l) {
+    const T* const P = reinterpret_cast<const T*>(S.base + off_rec + kRecPOff);
+#pragma unroll
+    for (int bi = 0; bi < NB; ++bi) {
+      const int row_off = lower_block_off(bi) + l.rows_r * lower_block_ld(bi) + l.rows_c;
+#pragma unroll
+      for (int bj = 0; bj <= bi; ++bj) {
+        std::uint32_t b[4];
+        ldsm_x4(b, P + row_off + 16 * bj);
+        mma16816<T>(qs[2 * bi], na[bj], b[0], b[1]);
+        mma16816<T>(qs[2 * bi + 1], na[bj], b[2], b[3]);
+      }
+    }
+  }
+
+  // st += Vdt K (B = K from ldmatrix.trans of K rows).
+  template <int NB>
+  __device__ static void state(float (&st)[DK / 8][4], const std::uint32_t (&da)[NB][4], const WalkStage<T>& S,
+                               const WalkLane& l) {
+    const T* const K = reinterpret_cast<const T*>(S.base + off_k);
+#pragma unroll
+    for (int rb = 0; rb < NB; ++rb) {
+#pragma unroll
+      for (int dd = 0; dd < DK / 16; ++dd) {
+        std::uint32_t b[4];
+        ldsm_x4_trans(b, K + (16 * rb + l.cols_r) * LDK + 16 * dd + l.cols_c);
+        mma16816<T>(st[2 * dd], da[rb], b[0], b[1]);
+        mma16816<T>(st[2 * dd + 1], da[rb], b[2], b[3]);
+      }
+    }
+  }
 };
 
 // One chunk step for one warp's 16 value columns, the chunk holding NB 16-row blocks (rows past
 // nrows are zero). Updates st in place and stores rows [0, nrows) of O at orow0 (row 0 of the
-// chunk, this warp's first column).
-template <typename T, int DK, int LDK, int LDV, int NB>
-__device__ __forceinline__ void walk_chunk(float (&st)[DK / 8][4], const WalkStage<T>& S, const WalkLane& l,
-                                           bool zero_state, int nrows, float scale, T* orow0,
-                                           std::int64_t o_token) {
+// chunk, this warp's first column). The products come from the policy W.
+template <class W, int NB>
+__device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
+                                           const WalkLane& l, bool zero_state, int nrows, float scale,
+                                           typename W::T* orow0, std::int64_t o_token) {
+  using T = typename W::T;
+  constexpr int DK = W::DK, LDV = W::LDV;
   const int t = l.t;
   const float G_last = S.G[nrows - 1];
 
@@ -131,23 +254,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[DK / 8][4], const WalkSta
   for (int i = 0; i < 2 * NB; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) ks[i][e] = qs[i][e] = 0.0f;
-  if (!zero_state) {
-#pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) {
-      std::uint32_t a[4];
-      to_a_frag<T>(a, st[2 * kk], st[2 * kk + 1]);
-#pragma unroll
-      for (int rb = 0; rb < NB; ++rb) {
-        std::uint32_t b[4];
-        ldsm_x4(b, S.K + (16 * rb + l.rows_r) * LDK + 16 * kk + l.rows_c);
-        mma16816<T>(ks[2 * rb], a, b[0], b[1]);
-        mma16816<T>(ks[2 * rb + 1], a, b[2], b[3]);
-        ldsm_x4(b, S.Q + (16 * rb + l.rows_r) * LDK + 16 * kk + l.rows_c);
-        mma16816<T>(qs[2 * rb], a, b[0], b[1]);
-        mma16816<T>(qs[2 * rb + 1], a, b[2], b[3]);
-      }
-    }
-  }
+  if (!zero_state) W::template kq<NB>(ks, qs, st, S, l);
 
   // Xt = Vt - KSt diag(gam), as A fragments (xa[rb]: chunk rows [16 rb, 16 rb + 16)).
   std::uint32_t xa[NB][4];
@@ -170,26 +277,13 @@ __device__ __forceinline__ void walk_chunk(float (&st)[DK / 8][4], const WalkSta
     to_a_frag<T>(xa[rb], x[0], x[1]);
   }
 
-  // Vnt = Xt Mt^T = Xt Mt_lo^T + Xt Mt_hi^T (Mt lower block triangular).
+  // Vnt = Xt Mt^T.
   float vn[2 * NB][4];
 #pragma unroll
   for (int i = 0; i < 2 * NB; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) vn[i][e] = 0.0f;
-#pragma unroll
-  for (int bi = 0; bi < NB; ++bi) {
-    const int row_off = lower_block_off(bi) + l.rows_r * lower_block_ld(bi) + l.rows_c;
-#pragma unroll
-    for (int bj = 0; bj <= bi; ++bj) {
-      std::uint32_t lo[4], hi[4];
-      ldsm_x4(lo, S.Ml + row_off + 16 * bj);
-      ldsm_x4(hi, S.Mh + row_off + 16 * bj);
-      mma16816<T>(vn[2 * bi], xa[bj], lo[0], lo[1]);
-      mma16816<T>(vn[2 * bi + 1], xa[bj], lo[2], lo[3]);
-      mma16816<T>(vn[2 * bi], xa[bj], hi[0], hi[1]);
-      mma16816<T>(vn[2 * bi + 1], xa[bj], hi[2], hi[3]);
-    }
-  }
+  W::template vn<NB>(vn, xa, S, l);
 
   // Ot = QSt diag(scale gam) + Vnt P^T; Vnt and Vnt diag(exp(G_last - G)) as A fragments.
   std::uint32_t na[NB][4], da[NB][4];
@@ -214,17 +308,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[DK / 8][4], const WalkSta
     to_a_frag<T>(na[rb], vn[2 * rb], vn[2 * rb + 1]);
     to_a_frag<T>(da[rb], d[0], d[1]);
   }
-#pragma unroll
-  for (int bi = 0; bi < NB; ++bi) {
-    const int row_off = lower_block_off(bi) + l.rows_r * lower_block_ld(bi) + l.rows_c;
-#pragma unroll
-    for (int bj = 0; bj <= bi; ++bj) {
-      std::uint32_t b[4];
-      ldsm_x4(b, S.P + row_off + 16 * bj);
-      mma16816<T>(qs[2 * bi], na[bj], b[0], b[1]);
-      mma16816<T>(qs[2 * bi + 1], na[bj], b[2], b[3]);
-    }
-  }
+  W::template out<NB>(qs, na, S, l);
   // Tile i is Ot[c][r] for r in [8 i, 8 i + 8); transposed, the lane holds O[8 i + g][2t, 2t+1]
   // (first word: columns cw + 2t, second: cw + 8 + 2t).
 #pragma unroll
@@ -239,49 +323,36 @@ __device__ __forceinline__ void walk_chunk(float (&st)[DK / 8][4], const WalkSta
     }
   }
 
-  // St' = gam_last St + (Vnt diag(exp(G_last - G))) K; B = K from ldmatrix.trans of K rows.
+  // St' = gam_last St + (Vnt diag(exp(G_last - G))) K.
   const float gam_last = __expf(G_last);
 #pragma unroll
   for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) st[j][e] *= gam_last;
-#pragma unroll
-  for (int rb = 0; rb < NB; ++rb) {
-#pragma unroll
-    for (int dd = 0; dd < DK / 16; ++dd) {
-      std::uint32_t b[4];
-      ldsm_x4_trans(b, S.K + (16 * rb + l.cols_r) * LDK + 16 * dd + l.cols_c);
-      mma16816<T>(st[2 * dd], da[rb], b[0], b[1]);
-      mma16816<T>(st[2 * dd + 1], da[rb], b[2], b[3]);
-    }
-  }
+  W::template state<NB>(st, da, S, l);
 }
 
-// grid = (dv / DVB, H, min(N, 65535) or fewer); 32 WARPS threads.
-template <typename T, int DK, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS, 1) gdn_walk_kernel(const ChunkedParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();
-#else
-  using L = WalkLayout<DK, WARPS>;
+// The walk of one CTA; gdn_walk_kernel below is its entry point.
+template <class W>
+__device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
+  using T = typename W::T;
   constexpr int C = kChunk;
-  constexpr int NT = 32 * WARPS;
-  constexpr int LDK = L::LDK, LDV = L::LDV, DVB = L::DVB;
+  constexpr int DK = W::DK, DVB = W::DVB;
   constexpr int NKT = DK / 8;  // 8-column key tiles of St
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* const smem =
+      smem_raw + ((W::align - (smem_addr(smem_raw) & (W::align - 1))) & (W::align - 1));  // W::align-aligned
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.y;
   const int v0 = blockIdx.x * DVB;  // the CTA's first value column
-  // ldmatrix row addresses: lane provides row (lane % 8) of matrix m = lane / 8. Pattern "rows":
-  // matrices (r, c), (r, c + 8), (r + 8, c), (r + 8, c + 8); pattern "cols": (r, c), (r + 8, c),
-  // (r, c + 8), (r + 8, c + 8).
   WalkLane l;
   l.g = lane / 4;
   l.t = lane % 4;
   l.cw = 16 * warp;
+  l.warp = warp;
   l.rows_r = (lane & 7) + 8 * (lane >> 4);
   l.rows_c = 8 * ((lane >> 3) & 1);
   l.cols_r = (lane & 7) + 8 * ((lane >> 3) & 1);
@@ -293,33 +364,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) gdn_walk_kernel(const ChunkedPa
   const T* const vh = static_cast<const T*>(p.v) + static_cast<std::int64_t>(h / p.v_group) * p.v_head + v0;
   T* const oh = static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + cw;
 
-  // Issues the copies of one chunk (rows [c0, c0 + nrows) of sequence n) into stage s. A tail
-  // chunk copies only its nb = ceil(nrows / 16) row blocks and zero-fills K, Q, V rows [nrows, 16 nb).
+  // Issues the copies of one chunk (rows [c0, c0 + nrows) of sequence n) into stage s.
   auto load_chunk = [&](int s, std::int64_t n, std::int64_t bos, std::int64_t c0, int nrows) {
-    unsigned char* const base = smem + s * L::stage;
-    T* const Kd = reinterpret_cast<T*>(base + L::off_k);
-    T* const Qd = reinterpret_cast<T*>(base + L::off_q);
-    T* const Vd = reinterpret_cast<T*>(base + L::off_v);
-    unsigned char* const Rd = base + L::off_rec;
     const unsigned char* const rec =
         p.ws + ((first_slot(bos, n) + (c0 - bos) / C) * p.num_heads + h) * kRecBytes;
-    if (nrows == C) {
-      load_tile_full<NT, T, DK, LDK>(Kd, kh + c0 * p.k_token, p.k_token, tid);
-      load_tile_full<NT, T, DK, LDK>(Qd, qh + c0 * p.q_token, p.q_token, tid);
-      load_tile_full<NT, T, DVB, LDV>(Vd, vh + c0 * p.v_token, p.v_token, tid);
-      for (int i = tid; i < static_cast<int>(kRecBytes / 16); i += NT)
-        __pipeline_memcpy_async(Rd + 16 * i, rec + 16 * i, 16);
-    } else {
-      const int nb = (nrows + 15) / 16;
-      load_rows_async_n<NT, T, DK, LDK>(Kd, kh + c0 * p.k_token, p.k_token, nrows, nb * 16, tid);
-      load_rows_async_n<NT, T, DK, LDK>(Qd, qh + c0 * p.q_token, p.q_token, nrows, nb * 16, tid);
-      load_rows_async_n<NT, T, DVB, LDV>(Vd, vh + c0 * p.v_token, p.v_token, nrows, nb * 16, tid);
-      load_lower_async<NT>(reinterpret_cast<T*>(Rd + kRecMtOff), reinterpret_cast<const T*>(rec + kRecMtOff), nb, tid);
-      load_lower_async<NT>(reinterpret_cast<T*>(Rd + kRecMtLoOff), reinterpret_cast<const T*>(rec + kRecMtLoOff), nb,
-                           tid);
-      load_lower_async<NT>(reinterpret_cast<T*>(Rd + kRecPOff), reinterpret_cast<const T*>(rec + kRecPOff), nb, tid);
-      for (int i = tid; i < C / 4; i += NT) __pipeline_memcpy_async(Rd + kRecGOff + 16 * i, rec + kRecGOff + 16 * i, 16);
-    }
+    W::load(smem + s * W::stage_bytes, kh + c0 * p.k_token, p.k_token, qh + c0 * p.q_token, p.q_token,
+            vh + c0 * p.v_token, p.v_token, rec, nrows, tid);
   };
   // First chunk of the first non-empty sequence among n, n + gridDim.z, ...: issues its copies.
   auto prefetch_from = [&](std::int64_t n, int s) {
@@ -332,6 +382,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) gdn_walk_kernel(const ChunkedPa
     }
   };
 
+  W::prepare(smem, tid);
   int stage = 0;
   prefetch_from(blockIdx.z, 0);
   __pipeline_commit();
@@ -370,22 +421,14 @@ __global__ void __launch_bounds__(32 * WARPS, 1) gdn_walk_kernel(const ChunkedPa
         prefetch_from(n + gridDim.z, stage ^ 1);
       __pipeline_commit();
 
-      const unsigned char* const base = smem + stage * L::stage;
-      WalkStage<T> S;
-      S.K = reinterpret_cast<const T*>(base + L::off_k);
-      S.Q = reinterpret_cast<const T*>(base + L::off_q);
-      S.V = reinterpret_cast<const T*>(base + L::off_v);
-      S.Mh = reinterpret_cast<const T*>(base + L::off_rec + kRecMtOff);
-      S.Ml = reinterpret_cast<const T*>(base + L::off_rec + kRecMtLoOff);
-      S.P = reinterpret_cast<const T*>(base + L::off_rec + kRecPOff);
-      S.G = reinterpret_cast<const float*>(base + L::off_rec + kRecGOff);
+      const WalkStage<T> S = W::stage(smem + stage * W::stage_bytes);
       T* const orow0 = oh + c0 * p.o_token;
       // One instantiation per row-block count: full chunks run branch-free straight-line code.
       switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<T, DK, LDK, LDV, 4>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
-        case 3: walk_chunk<T, DK, LDK, LDV, 3>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
-        case 2: walk_chunk<T, DK, LDK, LDV, 2>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
-        default: walk_chunk<T, DK, LDK, LDV, 1>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        case 4: walk_chunk<W, 4>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        case 3: walk_chunk<W, 3>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        case 2: walk_chunk<W, 2>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        default: walk_chunk<W, 1>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
       }
       zero_state = false;
       stage ^= 1;
@@ -400,7 +443,23 @@ __global__ void __launch_bounds__(32 * WARPS, 1) gdn_walk_kernel(const ChunkedPa
         for (int e = 0; e < 4; ++e) p.final_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] = st[j][e];
     }
   }
+}
+
+// grid = (dv / DVB, H, min(N, 65535) or fewer); W::kThreads threads. Images for an architecture
+// the policy cannot run on (below sm_80; wgmma without sm_90a) hold only a trap.
+template <class W>
+__global__ void __launch_bounds__(W::kThreads, 1) gdn_walk_kernel(const ChunkedParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  constexpr bool runs_here = false;
+#elif defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool runs_here = !W::kSm90a;
+#else
+  constexpr bool runs_here = true;
 #endif
+  if constexpr (runs_here)
+    walk_cta<W>(p);
+  else
+    __trap();
 }
 
 }  // namespace gdnkit::cuda

@@ -130,6 +130,19 @@ TEST(Errors, BackendForMemory) {
   expect_error([&] { Plan::create(p, o); }, U, "backend", {"expected cuda or automatic for CUDA memory, got cpu"});
 }
 
+// A required kernel is honoured or refused, never replaced: the CPU backend has one kernel.
+TEST(Errors, RequiredKernel) {
+  gdnkit::Options o;
+  o.kernel = "cuda-split-wgmma-bf16-k128-w4";
+  expect_error([&] { Plan::create(small_problem(), o); }, V, "options.kernel",
+               {"expected cpu-chunked-fp32", "got cuda-split-wgmma-bf16-k128-w4"});
+  std::string name = "cpu-chunked-fp32";
+  o.kernel = name.c_str();
+  const Plan plan = Plan::create(small_problem(), o);
+  name.assign("overwritten after planning");  // the plan keeps no pointer to the caller's string
+  EXPECT_STREQ(plan.kernel_name(), "cpu-chunked-fp32");
+}
+
 TEST(Errors, CpuThreads) {
   gdnkit::Options o;
   o.cpu_threads = -2;

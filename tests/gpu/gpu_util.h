@@ -141,9 +141,10 @@ class DeviceWorkspace {
   std::size_t bytes_ = 0;
 };
 
-// Plans, runs on `stream`, waits, downloads. Returns the plan's kernel name.
-inline std::string run_device(Case& c, DeviceCase& d, cudaStream_t stream = nullptr) {
-  const Plan plan = Plan::create(d.problem());
+// Plans (with `options`), runs on `stream`, waits, downloads. Returns the plan's kernel name.
+inline std::string run_device(Case& c, DeviceCase& d, cudaStream_t stream = nullptr,
+                              const gdnkit::Options& options = {}) {
+  const Plan plan = Plan::create(d.problem(), options);
   EXPECT_EQ(plan.backend(), Backend::cuda);
   const DeviceWorkspace ws(plan);
   plan.run(d.tensors(), ws.ptr(), ws.bytes(), stream);

@@ -73,17 +73,32 @@ void expect_within(const Spec& spec, const Errors& e) {
 }
 
 // Builds the case, runs the oracle and the CUDA plan, checks everything; returns the errors.
-Errors check_case(const Spec& spec, const std::string& what, std::string* kernel_out = nullptr) {
+Errors check_case(const Spec& spec, const std::string& what, std::string* kernel_out = nullptr,
+                  const gdnkit::Options& options = {}) {
   SCOPED_TRACE(spec.describe());
   Case c = test::random_case(spec);
   const test::Reference ref = test::run_reference(c);  // before the run: in place overwrites the initial state
   DeviceCase d(c);
-  const std::string kernel = test::run_device(c, d);
+  const std::string kernel = test::run_device(c, d, nullptr, options);
   const Errors e = test::compare(c, ref);
   expect_within(spec, e);
   report(what, spec, e, kernel);
   if (kernel_out) *kernel_out = kernel;
   return e;
+}
+
+// Runs f; expects an Error of `kind` naming `argument` whose message contains `part`.
+void expect_error(const std::function<void()>& f, Error::Kind kind, const std::string& argument,
+                  const std::string& part) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.kind()), static_cast<int>(kind)) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no gdnkit::Error thrown (expected one about " << argument << ")";
 }
 
 // ---- Random sweep ------------------------------------------------------------------------------
@@ -395,6 +410,56 @@ TEST_F(Cuda, WalkCtaSizes) {
   else EXPECT_GE(kernels.size(), 2u) << seen;
 }
 
+// Every compiled walk, required by name (Options::kernel): exact against the oracle on a mixed
+// batch (tail chunks of 1..3 row blocks, an empty sequence, initial state, both layouts). A kernel
+// the device cannot run (wgmma off sm_90) must be refused as unsupported, naming options.kernel.
+TEST_F(Cuda, EveryKernel) {
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  int ran = 0, i = 0;
+  for (const cuda::SplitKernelList list : {cuda::split_kernels_bf16(), cuda::split_kernels_f16()})
+    for (int j = 0; j < list.count; ++j) {
+      const cuda::SplitKernel& k = list.begin[j];
+      Spec s;
+      s.lens = {200, 0, 17, 64, 130, 35};
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = k.dk;
+      s.dv = 128;
+      s.qkv = k.dtype;
+      s.initial_state = true;
+      s.layout = i % 2 ? StateLayout::vk : StateLayout::kv;
+      s.gate_space = i % 3 == 0 ? GateSpace::linear : GateSpace::log;
+      s.seed = 1200 + i++;
+      gdnkit::Options o;
+      o.kernel = k.name;
+      if (k.sm90a && !(major == 9 && minor == 0)) {
+        Case c = test::random_case(s);
+        DeviceCase d(c);
+        expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::unsupported, "options.kernel",
+                     "compute capability 9.0");
+        continue;
+      }
+      std::string kernel;
+      check_case(s, std::string("required ") + k.name, &kernel, o);
+      EXPECT_EQ(kernel, k.name);
+      ++ran;
+    }
+  std::printf("INFO required-kernel runs: %d\n", ran);
+  EXPECT_GE(ran, 16);
+  // An unknown name is invalid, and the message lists what exists.
+  Spec s;
+  s.lens = {10};
+  Case c = test::random_case(s);
+  DeviceCase d(c);
+  gdnkit::Options o;
+  o.kernel = "cuda-split-mma-bf16-k128-w3";
+  expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::invalid_value, "options.kernel",
+               "cuda-split-mma-bf16-k128-w4");
+}
+
 // Running the first part of each sequence, then the rest from its final state, equals one run:
 // within tolerance of the oracle always, and bit for bit when the split is on a chunk boundary.
 TEST_F(Cuda, Continuation) {
@@ -584,18 +649,6 @@ TEST_F(Cuda, GraphCapture) {
 
 // ---- Errors the CUDA backend adds ------------------------------------------------------------------
 
-void expect_error(const std::function<void()>& f, Error::Kind kind, const std::string& argument,
-                  const std::string& part) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.kind()), static_cast<int>(kind)) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no gdnkit::Error thrown (expected one about " << argument << ")";
-}
 
 Problem cuda_problem() {
   Problem p;
@@ -684,11 +737,13 @@ TEST_F(Cuda, PlanReportsKernel) {
         const Plan plan = Plan::create(p);
         EXPECT_EQ(plan.backend(), Backend::cuda);
         const std::string name = plan.kernel_name();
-        EXPECT_EQ(name.rfind("cuda-split-mma-", 0), 0u) << name;
+        const bool wgmma = name.rfind("cuda-split-wgmma-", 0) == 0;
+        EXPECT_TRUE(wgmma || name.rfind("cuda-split-mma-", 0) == 0) << name;
+        if (wgmma) EXPECT_TRUE(major == 9 && minor == 0) << name;
         const cuda::SplitKernel* k = nullptr;
         for (int w : {1, 2, 4, 8})
           if (name.size() > 3 && name.substr(name.size() - 3) == "-w" + std::to_string(w))
-            k = cuda::find_split_kernel(dt, d, w);
+            k = cuda::find_split_kernel(dt, d, w, wgmma);
         ASSERT_NE(k, nullptr) << name;
         EXPECT_STREQ(k->name, plan.kernel_name());
         // One kRecBytes record per (chunk slot, head): slots = ceil(T / 64) + N, H = 2.
@@ -708,13 +763,15 @@ TEST_F(Cuda, PlanReportsKernel) {
       }
   for (DType dt : {DType::bf16, DType::f16})
     for (int d : {64, 128})
-      for (int w : {1, 2, 4, 8}) {
-        const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, w);
+      for (int w : {1, 2, 4, 8, -4, -8}) {  // negative: the wgmma walk of -w warps (sm_90a)
+        if (w < 0 && !(major == 9 && minor == 0)) continue;
+        const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, w < 0 ? -w : w, w < 0);
+        if (w < 0 && k == nullptr) continue;  // built without the CUTLASS headers
         ASSERT_NE(k, nullptr);
         int ctas = 0;
         GDN_CUDA(cudaFuncSetAttribute(k->walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(k->walk_smem)));
-        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->walk_func, 32 * w, k->walk_smem));
+        GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, k->walk_func, 32 * k->warps, k->walk_smem));
         EXPECT_GE(ctas, 1) << k->name;
       }
 }

@@ -1,0 +1,213 @@
+// The walk's products on wgmma (sm_90a): the staging policy WgmmaWalk for gdn_walk_kernel
+// (walk_kernel.cuh). A warpgroup (4 warps, 64 value columns) issues each product once, its A
+// operand from registers as in the mma.sync walk (St, Xt, Vnt, Vd rounded in pairs), its B operand
+// read once from shared memory through a descriptor, instead of once per warp through ldmatrix.
+//
+// Per stage, in 128-byte-swizzled tiles (wgmma_sm90.cuh): K and Q [64 x dk] (dk / 64 column
+// blocks of 8 KB), Mt hi, Mt lo and P as full [64 x 64] (8 KB each, copied chunk by chunk from the
+// record's lower-block layout; their upper-triangle chunks are zeroed once per CTA and never
+// written again), V padded [64][DVB + 8] for ldmatrix.trans, G.
+//
+//   KSt += St K^T      m64 n(16 NB) k16 x dk/16, B = K   K-major
+//   QSt += St Q^T      same with Q
+//   Vnt += Xt Mt^T     m64 n(16 NB) k16 x NB x 2 (lo, then hi), B = Mt K-major
+//   Ot  += Vnt P^T     m64 n(16 NB) k16 x NB, B = P K-major
+//   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
+#pragma once
+
+#include "cuda/walk_kernel.cuh"
+#include "cuda/wgmma_sm90.cuh"
+
+namespace gdnkit::cuda {
+
+template <typename T_, int DK_, int WG>
+struct WgmmaWalk {
+  using T = T_;
+  static constexpr int DK = DK_;
+  static constexpr bool kSm90a = true;
+  static constexpr int kThreads = 128 * WG;
+  static constexpr int DVB = 64 * WG;
+  static constexpr int LDV = DVB + 8;
+  static constexpr std::size_t k_bytes = std::size_t(kChunk) * DK * 2;  // dk / 64 blocks of 64 x 128 bytes
+  static constexpr std::size_t m_bytes = std::size_t(kChunk) * 128;     // one block
+  static constexpr std::size_t v_bytes = std::size_t(kChunk) * LDV * 2;
+  static constexpr std::size_t off_k = 0;
+  static constexpr std::size_t off_q = off_k + k_bytes;
+  static constexpr std::size_t off_mh = off_q + k_bytes;
+  static constexpr std::size_t off_ml = off_mh + m_bytes;
+  static constexpr std::size_t off_p = off_ml + m_bytes;
+  static constexpr std::size_t off_v = off_p + m_bytes;
+  static constexpr std::size_t off_g = off_v + align128(v_bytes);
+  static constexpr std::size_t stage_bytes = (off_g + kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr std::size_t align = kSwizzleAtomBytes;                // stages start 1024-byte aligned
+  static constexpr std::size_t smem_bytes = 2 * stage_bytes + align;     // + slack to align the base
+  static_assert(DK % 64 == 0, "dk is whole 64-column swizzle blocks");
+
+  // Zeroes the upper-triangle chunks of Mt hi, Mt lo and P in both stages (the copies never write
+  // them): row i of block row b holds chunks [0, 2 b + 2) of 8.
+  __device__ static void prepare(unsigned char* smem, int tid) {
+    for (int idx = tid; idx < 2 * 3 * kChunk * 8; idx += kThreads) {
+      const int c = idx % 8, i = (idx / 8) % kChunk, m = (idx / (8 * kChunk)) % 3, s = idx / (3 * 8 * kChunk);
+      if (c >= 2 * (i / 16) + 2)
+        *reinterpret_cast<uint4*>(smem + s * stage_bytes + off_mh + m * m_bytes + swizzle128(i, c)) =
+            make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  __device__ static void load(unsigned char* stage, const T* k, std::int64_t k_token, const T* q,
+                              std::int64_t q_token, const T* v, std::int64_t v_token, const unsigned char* rec,
+                              int nrows, int tid) {
+    const int nb = (nrows + 15) / 16;
+    // K and Q: thread tid keeps chunk c = tid % (dk / 8) of rows tid / (dk / 8) + step i.
+    constexpr int CPR = DK / 8;  // 16-byte chunks per row
+    constexpr int STEP = kThreads / CPR;
+    static_assert(kThreads % CPR == 0 && kChunk % STEP == 0, "whole rows per pass");
+    {
+      const int c = tid % CPR, r0 = tid / CPR;
+      const std::uint32_t col_off = static_cast<std::uint32_t>(c / 8) * (kChunk * 128);
+#pragma unroll
+      for (int i = 0; i < kChunk / STEP; ++i) {
+        const int r = r0 + i * STEP;
+        if (r >= 16 * nb) break;
+        const std::uint32_t off = col_off + swizzle128(r, c % 8);
+        if (r < nrows) {
+          __pipeline_memcpy_async(stage + off_k + off, k + r * k_token + 8 * c, 16);
+          __pipeline_memcpy_async(stage + off_q + off, q + r * q_token + 8 * c, 16);
+        } else {
+          *reinterpret_cast<uint4*>(stage + off_k + off) = make_uint4(0u, 0u, 0u, 0u);
+          *reinterpret_cast<uint4*>(stage + off_q + off) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+    T* const Vd = reinterpret_cast<T*>(stage + off_v);
+    if (nrows == kChunk)
+      load_tile_full<kThreads, T, DVB, LDV>(Vd, v, v_token, tid);
+    else
+      load_rows_async_n<kThreads, T, DVB, LDV>(Vd, v, v_token, nrows, nb * 16, tid);
+    // Mt hi, Mt lo, P: the lower-block rows of the record, chunk by chunk into the swizzled tiles.
+#pragma unroll
+    for (int b = 0; b < kChunkBlocks; ++b) {
+      if (b < nb) {
+        constexpr int kMats = 3;
+        const int cpr = 2 * b + 2;  // chunks per row in block row b
+        for (int idx = tid; idx < kMats * 16 * cpr; idx += kThreads) {
+          const int c = idx % cpr, r = (idx / cpr) % 16, m = idx / (16 * cpr);
+          const std::size_t src_off = (m == 0 ? kRecMtOff : m == 1 ? kRecMtLoOff : kRecPOff) +
+                                      2 * static_cast<std::size_t>(lower_block_off(b) + r * lower_block_ld(b) + 8 * c);
+          __pipeline_memcpy_async(stage + off_mh + m * m_bytes + swizzle128(16 * b + r, c), rec + src_off, 16);
+        }
+      }
+    }
+    for (int i = tid; i < kChunk / 4; i += kThreads)
+      __pipeline_memcpy_async(stage + off_g + 16 * i, rec + kRecGOff + 16 * i, 16);
+  }
+
+  __device__ static WalkStage<T> stage(const unsigned char* base) {
+    return {base, reinterpret_cast<const T*>(base + off_v), reinterpret_cast<const float*>(base + off_g)};
+  }
+
+  template <int N>
+  __device__ static float (&flat(float (&x)[N / 4][4]))[N] {
+    return *reinterpret_cast<float (*)[N]>(&x);
+  }
+
+  template <int NB>
+  __device__ static void kq(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], const float (&st)[DK / 8][4],
+                            const WalkStage<T>& S, const WalkLane&) {
+    std::uint32_t a[DK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(a[kk], st[2 * kk], st[2 * kk + 1]);
+    float (&kf)[8 * NB] = flat<8 * NB>(ks);
+    float (&qf)[8 * NB] = flat<8 * NB>(qs);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) gmma_fence(a[kk]);
+    gmma_fence(kf);
+    gmma_fence(qf);
+    gmma_arrive();
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {
+      const std::size_t off = (kk / 4) * (kChunk * 128) + (kk % 4) * 32;
+      gmma_rs<T, 16 * NB, false>(kf, a[kk], gmma_desc(S.base + off_k + off, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(qf, a[kk], gmma_desc(S.base + off_q + off, 16, 1024), true);
+    }
+    gmma_commit();
+    gmma_wait_all();
+    gmma_fence(kf);
+    gmma_fence(qf);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) gmma_fence(a[kk]);
+  }
+
+  template <int NB>
+  __device__ static void vn(float (&vn)[2 * NB][4], const std::uint32_t (&xa)[NB][4], const WalkStage<T>& S,
+                            const WalkLane&) {
+    float (&vf)[8 * NB] = flat<8 * NB>(vn);
+    std::uint32_t a[NB][4];
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[bj][e] = xa[bj][e];
+      gmma_fence(a[bj]);
+    }
+    gmma_fence(vf);
+    gmma_arrive();
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj) {
+      gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_ml + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_mh + 32 * bj, 16, 1024), true);
+    }
+    gmma_commit();
+    gmma_wait_all();
+    gmma_fence(vf);
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj) gmma_fence(a[bj]);
+  }
+
+  template <int NB>
+  __device__ static void out(float (&qs)[2 * NB][4], const std::uint32_t (&na)[NB][4], const WalkStage<T>& S,
+                             const WalkLane&) {
+    float (&qf)[8 * NB] = flat<8 * NB>(qs);
+    std::uint32_t a[NB][4];
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[bj][e] = na[bj][e];
+      gmma_fence(a[bj]);
+    }
+    gmma_fence(qf);
+    gmma_arrive();
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj)
+      gmma_rs<T, 16 * NB, false>(qf, a[bj], gmma_desc(S.base + off_p + 32 * bj, 16, 1024), true);
+    gmma_commit();
+    gmma_wait_all();
+    gmma_fence(qf);
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj) gmma_fence(a[bj]);
+  }
+
+  template <int NB>
+  __device__ static void state(float (&st)[DK / 8][4], const std::uint32_t (&da)[NB][4], const WalkStage<T>& S,
+                               const WalkLane&) {
+    float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
+    std::uint32_t a[NB][4];
+#pragma unroll
+    for (int rb = 0; rb < NB; ++rb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[rb][e] = da[rb][e];
+      gmma_fence(a[rb]);
+    }
+    gmma_fence(sf);
+    gmma_arrive();
+#pragma unroll
+    for (int rb = 0; rb < NB; ++rb)
+      gmma_rs<T, DK, true>(sf, a[rb], gmma_desc(S.base + off_k + rb * 16 * 128, kChunk * 128, 1024), true);
+    gmma_commit();
+    gmma_wait_all();
+    gmma_fence(sf);
+#pragma unroll
+    for (int rb = 0; rb < NB; ++rb) gmma_fence(a[rb]);
+  }
+};
+
+}  // namespace gdnkit::cuda

@@ -1,0 +1,97 @@
+// Warpgroup MMA (wgmma, sm_90a) for the walk: shared-memory descriptors of 128-byte-swizzled
+// tiles, the register-A instruction through CUTLASS/CuTe's wrappers, and the warpgroup fences.
+//
+// Tiles are stored in "atoms" of 8 rows x 128 bytes (64 16-bit elements per row); within an atom
+// the 16-byte chunk c of row r sits at chunk c ^ (r % 8), and atoms are 1024-byte aligned. A
+// [rows x 64] tile is rows / 8 atoms one after another (1024 bytes apart), a [rows x 128] tile two
+// such column blocks, rows x 128 bytes apart. The same bytes serve as
+//   K-major B (B[k][n] = tile[n][k], k within a row):   SBO = 1024 (next 8 rows), LBO unused;
+//                                                        the k-th 16-wide step starts 32 k bytes
+//                                                        into the row (within one column block)
+//   MN-major B (B[k][n] = tile[k][n], n within a row):  SBO = 1024 (next 8 rows = next 8 k),
+//                                                        LBO = column-block stride (next 64 n);
+//                                                        the k-th 16-row step starts 2048 k bytes in.
+// A comes from registers in the layout of mma.sync's A fragment (mma_sm80.cuh), warp w of the
+// warpgroup holding rows [16 w, 16 w + 16) of the 64; the fp32 accumulator of m64nN holds, per
+// warp, rows [16 w, 16 w + 16) as N / 8 C tiles of mma.sync's m16n8 layout.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // the n48 shape (three 16-row blocks of a tail chunk)
+#endif
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "cuda/mma_sm80.cuh"
+
+namespace gdnkit::cuda {
+
+constexpr std::uint32_t kSwizzleAtomBytes = 1024;
+
+// Byte offset of the 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled column block.
+__host__ __device__ constexpr std::uint32_t swizzle128(int row, int chunk) {
+  return static_cast<std::uint32_t>(row) * 128u + (static_cast<std::uint32_t>(chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ std::uint64_t gmma_desc(const void* smem, std::uint32_t lbo, std::uint32_t sbo) {
+  const std::uint32_t addr = smem_addr(smem);
+  return (static_cast<std::uint64_t>((addr >> 4) & 0x3fffu)) | (static_cast<std::uint64_t>((lbo >> 4) & 0x3fffu) << 16) |
+         (static_cast<std::uint64_t>((sbo >> 4) & 0x3fffu) << 32) | (std::uint64_t(1) << 62);  // 128-byte swizzle
+}
+
+namespace detail_gmma {
+namespace G = cute::SM90::GMMA;
+template <typename T, int N, G::Major B>
+struct Op;
+#define GDNKIT_GMMA_OP(N)                                                                 \
+  template <G::Major B>                                                                  \
+  struct Op<__nv_bfloat16, N, B> {                                                       \
+    using type = G::MMA_64x##N##x16_F32BF16BF16_RS<G::Major::K, B>;                     \
+  };                                                                                     \
+  template <G::Major B>                                                                  \
+  struct Op<__half, N, B> {                                                              \
+    using type = G::MMA_64x##N##x16_F32F16F16_RS<G::Major::K, B>;                       \
+  };
+GDNKIT_GMMA_OP(16)
+GDNKIT_GMMA_OP(32)
+GDNKIT_GMMA_OP(48)
+GDNKIT_GMMA_OP(64)
+GDNKIT_GMMA_OP(128)
+#undef GDNKIT_GMMA_OP
+
+template <class O, std::size_t... I>
+__device__ __forceinline__ void fma(const std::uint32_t (&a)[4], std::uint64_t desc, float (&d)[sizeof...(I)],
+                                    bool accumulate, std::index_sequence<I...>) {
+  O::fma(a[0], a[1], a[2], a[3], desc, d[I]..., accumulate ? G::ScaleOut::One : G::ScaleOut::Zero);
+}
+}  // namespace detail_gmma
+
+// d (+)= A B, M = 64 (the warpgroup), N = N, K = 16; asynchronous until gmma_wait.
+template <typename T, int N, bool B_MN_MAJOR>
+__device__ __forceinline__ void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b,
+                                        bool accumulate) {
+  using namespace detail_gmma;
+  using O = typename Op<T, N, B_MN_MAJOR ? G::Major::MN : G::Major::K>::type;
+  detail_gmma::fma<O>(a, desc_b, d, accumulate, std::make_index_sequence<N / 2>{});
+}
+
+__device__ __forceinline__ void gmma_arrive() { cute::warpgroup_arrive(); }
+__device__ __forceinline__ void gmma_commit() { cute::warpgroup_commit_batch(); }
+__device__ __forceinline__ void gmma_wait_all() { cute::warpgroup_wait<0>(); }
+
+// Registers the compiler must treat as read and written here: keeps accumulators and A fragments
+// of in-flight wgmma from being moved across the fences or reused before the wait.
+template <int N>
+__device__ __forceinline__ void gmma_fence(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(x[i]);
+}
+template <int N>
+__device__ __forceinline__ void gmma_fence(std::uint32_t (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(x[i]);
+}
+
+}  // namespace gdnkit::cuda
