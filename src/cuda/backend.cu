@@ -115,7 +115,9 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   // Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
   // chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
   // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
-  // CTAs of 4 and 8 warps use the wgmma walk where the device runs it (H100/H200).
+  // CTAs of 8 warps (two warpgroups) use the wgmma walk where the device runs it (H100/H200):
+  // measured on an H200 it is 10-20% faster than mma.sync there, but a single warpgroup per SM
+  // (4 warps) waits out every product and is 20% slower than mma.sync (docs/perf-notes.md).
   const std::int64_t cols16 = s.dv / 16;
   const SplitKernel* split = nullptr;
   if (options.kernel != nullptr) {
@@ -141,7 +143,7 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   std::int64_t best_cost = 0;
   for (int warps : {8, 4, 2, 1}) {
     if (options.kernel != nullptr) break;
-    const SplitKernel* k = find_split_kernel(problem.qkv_dtype, s.dk, warps, true);
+    const SplitKernel* k = warps == 8 ? find_split_kernel(problem.qkv_dtype, s.dk, warps, true) : nullptr;
     if (k == nullptr || !walk_runs_on(*k, c.cc_major, c.cc_minor))
       k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
     if (k == nullptr || cols16 % warps != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||

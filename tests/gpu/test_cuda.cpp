@@ -449,9 +449,10 @@ TEST_F(Cuda, EveryKernel) {
     }
   std::printf("INFO required-kernel runs: %d\n", ran);
   EXPECT_GE(ran, 16);
-  // An unknown name is invalid, and the message lists what exists.
+  // An unknown name is invalid, and the message lists what exists for the dtype and dk.
   Spec s;
   s.lens = {10};
+  s.dk = s.dv = 128;
   Case c = test::random_case(s);
   DeviceCase d(c);
   gdnkit::Options o;
