@@ -55,6 +55,7 @@ def chunk_gated_delta_rule(
     gate="log",
     state_layout="kv",
     validate=False,
+    kernel=None,
 ):
     """The GDN prefill (chunked forward of the gated delta rule), like FLA's function of this name.
 
@@ -79,6 +80,10 @@ def chunk_gated_delta_rule(
         state_layout: ``"kv"`` (``[N, H, dk, dv]``, FLA) or ``"vk"`` (``[N, H, dv, dk]``).
         validate: check cu_seqlens and the gate values first (synchronises for CUDA tensors).
             Host cu_seqlens are always checked (cheap, and a bad one would read out of bounds).
+        kernel: None lets the planner choose; a kernel name as the C++ ``Plan::kernel_name()``
+            and the ``gdnkit`` CLI report it (e.g. ``"cuda-split-wgmma-bf16-k128-w8"``) requires
+            that kernel: an unknown name raises ValueError, one the device cannot run
+            RuntimeError. Never a silent fallback.
 
     CUDA tensors run on the current stream of q's framework (``torch.cuda.current_stream``, CuPy's
     current stream), on q's device; outputs and scratch come from that framework's allocator on
@@ -98,4 +103,4 @@ def chunk_gated_delta_rule(
     """
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                    gate, state_layout, validate, stream)
+                    gate, state_layout, validate, stream, kernel)

@@ -328,6 +328,19 @@ def test_validate_accepts_good_input(rng):
     np.testing.assert_array_equal(o, o2)
 
 
+def test_required_kernel(rng):
+    """kernel= is honoured or refused, never replaced: host arrays have one kernel."""
+    q, k, v, g, beta = make_inputs(rng, (70,), 2, 2, 2, 32, 32)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, kernel="cpu-chunked-fp32")
+    o2, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
+    np.testing.assert_array_equal(o, o2)
+    with pytest.raises(ValueError) as e:
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, kernel="cuda-split-wgmma-bf16-k128-w8")
+    assert "options.kernel" in str(e.value) and "cpu-chunked-fp32" in str(e.value)
+    with pytest.raises(TypeError):
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, kernel=3)
+
+
 def test_threads_share_nothing(rng):
     """Calls release the GIL and keep no shared buffers: concurrent calls give the serial answers."""
     inputs = [make_inputs(rng, (150,), 2, 2, 2, 32, 32) for _ in range(4)]

@@ -107,6 +107,18 @@ def test_batched_and_linear_gates_and_vk():
     assert rel_l2(s2.transpose(-1, -2), s1.double()) < 1e-2
 
 
+def test_required_kernel():
+    """kernel= runs exactly the named CUDA kernel, or raises; the answer matches the planner's."""
+    q, k, v, g, beta, h0, cu = make_inputs([300, 65], 2, 2, 4, 128, 128, seed=5)
+    o1, s1 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=cu)
+    o2, s2 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=cu, kernel="cuda-split-mma-bf16-k128-w2")
+    assert rel_l2(o2, o1.double()) < 1e-2 and rel_l2(s2, s1.double()) < 1e-2
+    with pytest.raises(ValueError, match="options.kernel"):
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, kernel="cuda-split-mma-bf16-k128-w3")
+
+
 def test_graph_capture_replays_with_new_values():
     q, k, v, g, beta, h0, cu = make_inputs([200, 100], 2, 2, 2, 128, 128, seed=5)
     call = lambda: gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,  # noqa: E731
