@@ -1,24 +1,13 @@
-// The CUDA path's f16 instantiations: dk 64 and 128; mma.sync walks of 1, 2, 4 and 8 warps (sm_80+)
-// and, with the CUTLASS headers, wgmma walks of 1 and 2 warpgroups (sm_90a).
+// The CUDA path's f16 instantiations (split_instances.cuh); one translation unit per dtype.
 #include "cuda/split_instances.cuh"
 
 namespace gdnkit::cuda {
 
 namespace {
 const SplitKernel kKernels[] = {
-    split_entry<MmaSyncWalk<__half, 128, 1>>("cuda-split-mma-f16-k128-w1", DType::f16),
-    split_entry<MmaSyncWalk<__half, 128, 2>>("cuda-split-mma-f16-k128-w2", DType::f16),
-    split_entry<MmaSyncWalk<__half, 128, 4>>("cuda-split-mma-f16-k128-w4", DType::f16),
-    split_entry<MmaSyncWalk<__half, 128, 8>>("cuda-split-mma-f16-k128-w8", DType::f16),
-    split_entry<MmaSyncWalk<__half, 64, 1>>("cuda-split-mma-f16-k64-w1", DType::f16),
-    split_entry<MmaSyncWalk<__half, 64, 2>>("cuda-split-mma-f16-k64-w2", DType::f16),
-    split_entry<MmaSyncWalk<__half, 64, 4>>("cuda-split-mma-f16-k64-w4", DType::f16),
-    split_entry<MmaSyncWalk<__half, 64, 8>>("cuda-split-mma-f16-k64-w8", DType::f16),
+    GDNKIT_MMA_SYNC_KERNELS(__half, "f16", DType::f16),
 #if GDNKIT_HAS_CUTLASS
-    split_entry<WgmmaWalk<__half, 128, 1>>("cuda-split-wgmma-f16-k128-w4", DType::f16),
-    split_entry<WgmmaWalk<__half, 128, 2>>("cuda-split-wgmma-f16-k128-w8", DType::f16),
-    split_entry<WgmmaWalk<__half, 64, 1>>("cuda-split-wgmma-f16-k64-w4", DType::f16),
-    split_entry<WgmmaWalk<__half, 64, 2>>("cuda-split-wgmma-f16-k64-w8", DType::f16),
+    GDNKIT_WGMMA_KERNELS(__half, "f16", DType::f16),
 #endif
 };
 }  // namespace

@@ -41,4 +41,21 @@ constexpr SplitKernel split_entry(const char* name, DType dtype) {
                      &launch_split<W>};
 }
 
+// Table entries of one dtype (T, its name in kernel names, its DType): the mma.sync walks for
+// sm_80+ and, with the CUTLASS headers, the wgmma walks for sm_90a.
+#define GDNKIT_MMA_SYNC_KERNELS(T, NAME, DTYPE)                                           \
+  split_entry<MmaSyncWalk<T, 128, 1>>("cuda-split-mma-" NAME "-k128-w1", DTYPE),          \
+      split_entry<MmaSyncWalk<T, 128, 2>>("cuda-split-mma-" NAME "-k128-w2", DTYPE),      \
+      split_entry<MmaSyncWalk<T, 128, 4>>("cuda-split-mma-" NAME "-k128-w4", DTYPE),      \
+      split_entry<MmaSyncWalk<T, 128, 8>>("cuda-split-mma-" NAME "-k128-w8", DTYPE),      \
+      split_entry<MmaSyncWalk<T, 64, 1>>("cuda-split-mma-" NAME "-k64-w1", DTYPE),        \
+      split_entry<MmaSyncWalk<T, 64, 2>>("cuda-split-mma-" NAME "-k64-w2", DTYPE),        \
+      split_entry<MmaSyncWalk<T, 64, 4>>("cuda-split-mma-" NAME "-k64-w4", DTYPE),        \
+      split_entry<MmaSyncWalk<T, 64, 8>>("cuda-split-mma-" NAME "-k64-w8", DTYPE)
+#define GDNKIT_WGMMA_KERNELS(T, NAME, DTYPE)                                              \
+  split_entry<WgmmaWalk<T, 128, 1>>("cuda-split-wgmma-" NAME "-k128-w4", DTYPE),          \
+      split_entry<WgmmaWalk<T, 128, 2>>("cuda-split-wgmma-" NAME "-k128-w8", DTYPE),      \
+      split_entry<WgmmaWalk<T, 64, 1>>("cuda-split-wgmma-" NAME "-k64-w4", DTYPE),        \
+      split_entry<WgmmaWalk<T, 64, 2>>("cuda-split-wgmma-" NAME "-k64-w8", DTYPE)
+
 }  // namespace gdnkit::cuda

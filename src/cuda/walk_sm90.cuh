@@ -111,6 +111,30 @@ struct WgmmaWalk {
     return *reinterpret_cast<float (*)[N]>(&x);
   }
 
+  // One batch of wgmma: A fragments and accumulators fenced (so the compiler neither moves their
+  // uses across the batch nor reuses the A registers while it is in flight), then issue(), then
+  // wait for the batch before the caller reads the accumulators.
+  template <int NA, class Issue, class... Acc>
+  __device__ static void batch(std::uint32_t (&a)[NA][4], Issue&& issue, Acc&... acc) {
+#pragma unroll
+    for (int i = 0; i < NA; ++i) gmma_fence(a[i]);
+    (gmma_fence(acc), ...);
+    gmma_arrive();
+    issue();
+    gmma_commit();
+    gmma_wait_all();
+    (gmma_fence(acc), ...);
+#pragma unroll
+    for (int i = 0; i < NA; ++i) gmma_fence(a[i]);
+  }
+  template <int NB>
+  __device__ static void copy(std::uint32_t (&dst)[NB][4], const std::uint32_t (&src)[NB][4]) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[i][e] = src[i][e];
+  }
+
   template <int NB>
   __device__ static void kq(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], const float (&st)[DK / 8][4],
                             const WalkStage<T>& S, const WalkLane&) {
@@ -119,23 +143,14 @@ struct WgmmaWalk {
     for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(a[kk], st[2 * kk], st[2 * kk + 1]);
     float (&kf)[8 * NB] = flat<8 * NB>(ks);
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
+    batch(a, [&] {
 #pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) gmma_fence(a[kk]);
-    gmma_fence(kf);
-    gmma_fence(qf);
-    gmma_arrive();
-#pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) {
-      const std::size_t off = (kk / 4) * (kChunk * 128) + (kk % 4) * 32;
-      gmma_rs<T, 16 * NB, false>(kf, a[kk], gmma_desc(S.base + off_k + off, 16, 1024), true);
-      gmma_rs<T, 16 * NB, false>(qf, a[kk], gmma_desc(S.base + off_q + off, 16, 1024), true);
-    }
-    gmma_commit();
-    gmma_wait_all();
-    gmma_fence(kf);
-    gmma_fence(qf);
-#pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) gmma_fence(a[kk]);
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        const std::size_t off = (kk / 4) * (kChunk * 128) + (kk % 4) * 32;
+        gmma_rs<T, 16 * NB, false>(kf, a[kk], gmma_desc(S.base + off_k + off, 16, 1024), true);
+        gmma_rs<T, 16 * NB, false>(qf, a[kk], gmma_desc(S.base + off_q + off, 16, 1024), true);
+      }
+    }, kf, qf);
   }
 
   template <int NB>
@@ -143,24 +158,14 @@ struct WgmmaWalk {
                             const WalkLane&) {
     float (&vf)[8 * NB] = flat<8 * NB>(vn);
     std::uint32_t a[NB][4];
+    copy(a, xa);
+    batch(a, [&] {
 #pragma unroll
-    for (int bj = 0; bj < NB; ++bj) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[bj][e] = xa[bj][e];
-      gmma_fence(a[bj]);
-    }
-    gmma_fence(vf);
-    gmma_arrive();
-#pragma unroll
-    for (int bj = 0; bj < NB; ++bj) {
-      gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_ml + 32 * bj, 16, 1024), true);
-      gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_mh + 32 * bj, 16, 1024), true);
-    }
-    gmma_commit();
-    gmma_wait_all();
-    gmma_fence(vf);
-#pragma unroll
-    for (int bj = 0; bj < NB; ++bj) gmma_fence(a[bj]);
+      for (int bj = 0; bj < NB; ++bj) {
+        gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_ml + 32 * bj, 16, 1024), true);
+        gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_mh + 32 * bj, 16, 1024), true);
+      }
+    }, vf);
   }
 
   template <int NB>
@@ -168,22 +173,12 @@ struct WgmmaWalk {
                              const WalkLane&) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     std::uint32_t a[NB][4];
+    copy(a, na);
+    batch(a, [&] {
 #pragma unroll
-    for (int bj = 0; bj < NB; ++bj) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[bj][e] = na[bj][e];
-      gmma_fence(a[bj]);
-    }
-    gmma_fence(qf);
-    gmma_arrive();
-#pragma unroll
-    for (int bj = 0; bj < NB; ++bj)
-      gmma_rs<T, 16 * NB, false>(qf, a[bj], gmma_desc(S.base + off_p + 32 * bj, 16, 1024), true);
-    gmma_commit();
-    gmma_wait_all();
-    gmma_fence(qf);
-#pragma unroll
-    for (int bj = 0; bj < NB; ++bj) gmma_fence(a[bj]);
+      for (int bj = 0; bj < NB; ++bj)
+        gmma_rs<T, 16 * NB, false>(qf, a[bj], gmma_desc(S.base + off_p + 32 * bj, 16, 1024), true);
+    }, qf);
   }
 
   template <int NB>
@@ -191,22 +186,12 @@ struct WgmmaWalk {
                                const WalkLane&) {
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
     std::uint32_t a[NB][4];
+    copy(a, da);
+    batch(a, [&] {
 #pragma unroll
-    for (int rb = 0; rb < NB; ++rb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[rb][e] = da[rb][e];
-      gmma_fence(a[rb]);
-    }
-    gmma_fence(sf);
-    gmma_arrive();
-#pragma unroll
-    for (int rb = 0; rb < NB; ++rb)
-      gmma_rs<T, DK, true>(sf, a[rb], gmma_desc(S.base + off_k + rb * 16 * 128, kChunk * 128, 1024), true);
-    gmma_commit();
-    gmma_wait_all();
-    gmma_fence(sf);
-#pragma unroll
-    for (int rb = 0; rb < NB; ++rb) gmma_fence(a[rb]);
+      for (int rb = 0; rb < NB; ++rb)
+        gmma_rs<T, DK, true>(sf, a[rb], gmma_desc(S.base + off_k + rb * 16 * 128, kChunk * 128, 1024), true);
+    }, sf);
   }
 };
 
