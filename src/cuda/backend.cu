@@ -60,6 +60,16 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a)
   return nullptr;
 }
 
+bool device_available() noexcept {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return false;
+  }
+  return count > 0;
+}
+
 namespace {
 
 // True when the device runs k's walk: the wgmma walks need compute capability 9.0 and an sm_90a
@@ -75,17 +85,62 @@ bool walk_runs_on(const SplitKernel& k, int cc_major, int cc_minor) {
   return attrs.binaryVersion == 90;
 }
 
-}  // namespace
-
-bool device_available() noexcept {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return false;
-  }
-  return count > 0;
+bool fits(const SplitKernel& k, int smem_optin) {
+  return k.walk_smem <= static_cast<std::size_t>(smem_optin) && k.prep_smem <= static_cast<std::size_t>(smem_optin);
 }
+
+// The instantiation named by Options::kernel, or an error naming options.kernel: invalid_value
+// when no such kernel exists for the problem's dtype and dk, unsupported when this device cannot
+// run it. Never another kernel.
+const SplitKernel* required_kernel(const std::string& want, const Problem& problem, const detail::Shape& s,
+                                   const Config& c, int smem_optin) {
+  const SplitKernel* split = nullptr;
+  std::string names;
+  for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
+    for (int i = 0; i < list.count; ++i) {
+      const SplitKernel& k = list.begin[i];
+      if (k.dtype != problem.qkv_dtype || k.dk != s.dk || (s.dv / 16) % k.warps != 0) continue;
+      names += (names.empty() ? "" : ", ") + std::string(k.name);
+      if (want == k.name) split = &k;
+    }
+  if (split == nullptr)
+    fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
+  if (!walk_runs_on(*split, c.cc_major, c.cc_minor) || !fits(*split, smem_optin))
+    fail(K::unsupported, "options.kernel",
+         "a kernel this device runs (" + want + " needs " +
+             (split->sm90a ? "compute capability 9.0 and an sm_90a image" : "compute capability 8.0+") + " and " +
+             str(static_cast<std::int64_t>(split->walk_smem)) + " bytes of shared memory per block)",
+         "sm_" + str(c.cc_major) + str(c.cc_minor) + " with " + str(smem_optin) + " bytes");
+  return split;
+}
+
+// Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
+// chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
+// steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
+// CTAs of 8 warps (two warpgroups) use the wgmma walk where the device runs it (H100/H200):
+// measured on an H200 it is 10-20% faster than mma.sync there, but a single warpgroup per SM
+// (4 warps) waits out every product and is 20% slower than mma.sync (docs/perf-notes.md).
+// nullptr when nothing fits the device's shared memory.
+const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin) {
+  const std::int64_t cols16 = s.dv / 16;
+  const SplitKernel* split = nullptr;
+  std::int64_t best_cost = 0;
+  for (int warps : {8, 4, 2, 1}) {
+    if (cols16 % warps != 0) continue;
+    const SplitKernel* k = warps == 8 ? find_split_kernel(problem.qkv_dtype, s.dk, warps, true) : nullptr;
+    if (k == nullptr || !walk_runs_on(*k, c.cc_major, c.cc_minor)) k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
+    if (k == nullptr || !fits(*k, smem_optin)) continue;
+    const std::int64_t ctas = (cols16 / warps) * s.H * std::max<std::int64_t>(s.N, 1);
+    const std::int64_t cost = (ctas + c.sm_count - 1) / c.sm_count * (warps + 1);
+    if (split == nullptr || cost < best_cost) {
+      split = k;
+      best_cost = cost;
+    }
+  }
+  return split;
+}
+
+}  // namespace
 
 Config plan(const Problem& problem, const detail::Shape& s, const Options& options) {
   if (!device_available()) fail(K::unsupported, "memory", "a usable CUDA device for Memory::cuda", "none");
@@ -112,50 +167,9 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
     fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
          str(c.cc_major) + "." + str(c.cc_minor));
 
-  // Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
-  // chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
-  // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
-  // CTAs of 8 warps (two warpgroups) use the wgmma walk where the device runs it (H100/H200):
-  // measured on an H200 it is 10-20% faster than mma.sync there, but a single warpgroup per SM
-  // (4 warps) waits out every product and is 20% slower than mma.sync (docs/perf-notes.md).
-  const std::int64_t cols16 = s.dv / 16;
-  const SplitKernel* split = nullptr;
-  if (options.kernel != nullptr) {
-    // The caller's choice, or an error.
-    const std::string want = options.kernel;
-    std::string names;
-    for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
-      for (int i = 0; i < list.count; ++i) {
-        const SplitKernel& k = list.begin[i];
-        if (k.dtype != problem.qkv_dtype || k.dk != s.dk || cols16 % k.warps != 0) continue;
-        names += (names.empty() ? "" : ", ") + std::string(k.name);
-        if (want == k.name) split = &k;
-      }
-    if (split == nullptr)
-      fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
-    if (!walk_runs_on(*split, c.cc_major, c.cc_minor) || split->walk_smem > static_cast<std::size_t>(smem_optin))
-      fail(K::unsupported, "options.kernel",
-           "a kernel this device runs (" + want + " needs " +
-               (split->sm90a ? "compute capability 9.0 and an sm_90a image" : "compute capability 8.0+") + " and " +
-               str(static_cast<std::int64_t>(split->walk_smem)) + " bytes of shared memory per block)",
-           "sm_" + str(c.cc_major) + str(c.cc_minor) + " with " + str(smem_optin) + " bytes");
-  }
-  std::int64_t best_cost = 0;
-  for (int warps : {8, 4, 2, 1}) {
-    if (options.kernel != nullptr) break;
-    const SplitKernel* k = warps == 8 ? find_split_kernel(problem.qkv_dtype, s.dk, warps, true) : nullptr;
-    if (k == nullptr || !walk_runs_on(*k, c.cc_major, c.cc_minor))
-      k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
-    if (k == nullptr || cols16 % warps != 0 || k->walk_smem > static_cast<std::size_t>(smem_optin) ||
-        k->prep_smem > static_cast<std::size_t>(smem_optin))
-      continue;
-    const std::int64_t ctas = (cols16 / warps) * s.H * std::max<std::int64_t>(s.N, 1);
-    const std::int64_t cost = (ctas + c.sm_count - 1) / c.sm_count * (warps + 1);
-    if (split == nullptr || cost < best_cost) {
-      split = k;
-      best_cost = cost;
-    }
-  }
+  const SplitKernel* split = options.kernel != nullptr
+                                 ? required_kernel(options.kernel, problem, s, c, smem_optin)
+                                 : choose_kernel(problem, s, c, smem_optin);
   if (split == nullptr) {
     const SplitKernel* smallest = find_split_kernel(problem.qkv_dtype, s.dk, 1);
     fail(K::unsupported, "device",
