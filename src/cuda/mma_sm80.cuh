@@ -1,6 +1,6 @@
 // Warp-level tensor-core primitives of sm_80 and newer, as inline PTX: ldmatrix (shared memory to
-// operand fragments), mma.sync m16n8k16 (16-bit operands, fp32 accumulators) and movmatrix (an 8x8
-// transpose in registers). Their fragment layouts are fixed by the PTX ISA, so values can stay in
+// operand fragments), mma.sync m16n8k16 (16-bit operands, fp32 accumulators), mma.sync m16n8k8 on
+// tf32 operands, and movmatrix (an 8x8 transpose in registers). Their fragment layouts are fixed by the PTX ISA, so values can stay in
 // registers from one product to the next. With lane = 4 g + t:
 //
 //   A, 16 x 16, row major:  a0 = A[g][2t, 2t+1]    a1 = A[g+8][2t, 2t+1]
@@ -53,6 +53,25 @@ template <>
 __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                                  std::uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x rounded to tf32 (10 mantissa bits; nearest, ties away from zero), as an fp32 bit pattern.
+__device__ __forceinline__ std::uint32_t tf32_round(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += A B (16 x 8 x 8) on tf32 operands. With lane = 4 g + t:
+//   A, 16 x 8:  a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]
+//   B, 8 x 8:   b0 = B[t][g]  b1 = B[t+4][g]
+//   C, 16 x 8:  as for m16n8k16.
+__device__ __forceinline__ void mma1688_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

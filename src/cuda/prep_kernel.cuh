@@ -6,74 +6,158 @@
 //   P  = scale * lower_incl(Q K^T) .* exp(G_i - G_j)              (qkv dtype),
 //   Mt = exp(G_i - G_j) Tu_ij beta_j, Tu = (I + strict_lower(diag(beta) K K^T))^-1,
 //        stored as hi + lo: hi = round(Mt), lo = round(Mt - hi)  (two qkv-dtype matrices).
-// Gram products run on WMMA (16-bit operands, fp32 accumulators); the inverse is fp32 (forward
-// substitution on the diagonal blocks, then block rows). Carrying Mt as hi + lo makes it
-// effectively exact (relative error ~2^-17 instead of 2^-9 in bf16): measured in emulation, its
-// rounding was one of the two dominant errors of the final state (docs/perf-notes.md).
-// Only the 16-row blocks that hold valid rows are computed and written (nb = ceil(nrows / 16)).
+// Carrying Mt as hi + lo makes it effectively exact (relative error ~2^-17 instead of 2^-9 in bf16):
+// measured in emulation, its rounding was one of the two dominant errors of the final state
+// (docs/perf-notes.md). Only the 16-row blocks that hold valid rows are computed and written
+// (nb = ceil(nrows / 16)).
+//
+// The work, per CTA of four warps (warp w):
+//   1. Gram products on mma.sync (16-bit operands, fp32 accumulators): warp w forms block row 3 - w
+//      of Q K^T and block row w of K K^T, five 16 x 16 tiles each way. P leaves straight from the
+//      accumulators (no shared-memory round trip); A = diag(beta) K K^T goes to shared memory (fp32).
+//   2. The inverse Tu in fp32 arithmetic: warp b inverts diagonal block b by forward substitution;
+//      then block row I (I = 1..3) is Tu_IJ = -Tu_II sum_{J <= M < I} A_IM Tu_MJ, on mma.sync with
+//      tf32 operands split as hi + lo (three products: hi hi + hi lo + lo hi, error ~2^-21 per
+//      product, below the fp32 forward substitution it replaces; tests/cpu/test_inverse.cpp).
+//   3. Mt as hi + lo from Tu, G and beta.
 #pragma once
 
 #include <cfloat>
 
 #include "cuda/chunk_io.cuh"
+#include "cuda/mma_sm80.cuh"
 #include "cuda/wmma_common.cuh"
 
 namespace gdnkit::cuda {
 
 // ---- prep ---------------------------------------------------------------------------------------
 
-// Shared memory, 35 KB at dk = 128 (six CTAs per SM on an H100/H200): Q is staged where At later
-// lives (both 17,408 bytes; Q K^T is held in registers until every warp is done reading Q), and
-// the inverse's scratch R reuses K's space once K K^T is formed.
+// Shared memory, 35 KB at dk = 128 (six CTAs per SM on an H100/H200). Q is staged where A and the
+// diagonal blocks of Tu later live (Q K^T leaves from registers before A is stored); Tu's blocks
+// below the diagonal (block rows 1..3) and a 16 x 8 scratch per warp reuse K's space once K K^T is
+// formed.
 template <int DK>
 struct PrepLayout {
   static constexpr int C = kChunk;
-  static constexpr int LDK = DK + 8;
-  static constexpr int LDA = C + 4;
-  static constexpr int LDR = 48;
+  static constexpr int LDK = DK + 8;   // +16 bytes per row: ldmatrix rows in distinct bank groups
+  static constexpr int LDA = C + 4;    // fp32; tf32 fragment loads (rows g, columns t) conflict-free
+  static constexpr int LDR = 8;        // the per-warp 16 x 8 scratch
   static constexpr std::size_t k_bytes = std::size_t(C) * LDK * 2;
   static constexpr std::size_t at_bytes = std::size_t(C) * LDA * 4;
-  static constexpr std::size_t r_bytes = std::size_t(16) * LDR * 4;
+  static constexpr std::size_t tl_bytes = std::size_t(C - 16) * LDA * 4;
+  static constexpr std::size_t r_bytes = std::size_t(kPrepThreads / 32) * 16 * LDR * 4;
   static constexpr std::size_t vec_bytes = std::size_t(C) * 4;
-  static constexpr std::size_t off_k = 0;  // K, then R
-  static constexpr std::size_t off_at = off_k + align128(k_bytes > r_bytes ? k_bytes : r_bytes);  // Q, then At
-  static constexpr std::size_t off_G = off_at + align128(at_bytes > k_bytes ? at_bytes : k_bytes);
+  static constexpr std::size_t max2(std::size_t a, std::size_t b) { return a > b ? a : b; }
+  static constexpr std::size_t off_k = 0;  // K, then Tl and the scratch
+  static constexpr std::size_t off_r = off_k + tl_bytes;
+  static constexpr std::size_t off_at = off_k + align128(max2(k_bytes, tl_bytes + r_bytes));  // Q, then A / Tu
+  static constexpr std::size_t off_g = off_at + align128(max2(at_bytes, k_bytes));  // g as loaded
+  static constexpr std::size_t off_G = off_g + align128(vec_bytes);                 // its cumsum
   static constexpr std::size_t off_beta = off_G + align128(vec_bytes);
   static constexpr std::size_t total = off_beta + align128(vec_bytes);
 };
 
-// D = X Y^T for the lower block tiles (bi >= bj) with bi < nb (X, Y: ld LDK; D fp32, ld LDA). All
-// warps' products are formed before any is stored (one CTA barrier between), so D may overlap X
-// or Y. At most 10 tiles over 4 warps: up to 3 per warp.
-template <typename T, int DK, int LDK, int LDA>
-__device__ __forceinline__ void gram_lower_tiles_nb(const T* X, const T* Y, float* D, int warp, int nb) {
-  const int tiles = nb * (nb + 1) / 2;
-  FragC acc[3];
-  int at[3];
+// acc[bj][nt] += X_BR Y_bj^T over the key dimension: the 16 x 16 tiles (BR, bj), bj <= BR, of
+// X Y^T (X, Y: [64][LDK] 16-bit rows; nt selects columns [8 nt, 8 nt + 8) of a tile).
+template <typename T, int DK, int LDK, int BR>
+__device__ __forceinline__ void gram_row(float (&acc)[BR + 1][2][4], const T* X, const T* Y, int lane) {
+  const int ar = (lane & 7) + 8 * ((lane >> 3) & 1), ac = 8 * (lane >> 4);  // A: (r, c), (r+8, c), (r, c+8), (r+8, c+8)
+  const int br = (lane & 7) + 8 * (lane >> 4), bc = 8 * ((lane >> 3) & 1);  // B: (r, c), (r, c+8), (r+8, c), (r+8, c+8)
 #pragma unroll
-  for (int k = 0; k < 3; ++k) {
-    const int t = warp + 4 * k;
-    at[k] = -1;
-    if (t < tiles) {
-      int bi = 0;
-      while ((bi + 1) * (bi + 2) / 2 <= t) ++bi;
-      const int bj = t - bi * (bi + 1) / 2;
-      at[k] = bi * 16 * LDA + bj * 16;
-      wm::fill_fragment(acc[k], 0.0f);
+  for (int bj = 0; bj <= BR; ++bj)
 #pragma unroll
-      for (int kk = 0; kk < DK; kk += 16) {
-        FragA<T> a;
-        FragBT<T> b;
-        wm::load_matrix_sync(a, X + bi * 16 * LDK + kk, LDK);
-        wm::load_matrix_sync(b, Y + bj * 16 * LDK + kk, LDK);
-        wm::mma_sync(acc[k], a, b, acc[k]);
-      }
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[bj][nt][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DK; kk += 16) {
+    std::uint32_t a[4];
+    ldsm_x4(a, X + (16 * BR + ar) * LDK + kk + ac);
+#pragma unroll
+    for (int bj = 0; bj <= BR; ++bj) {
+      std::uint32_t b[4];
+      ldsm_x4(b, Y + (16 * bj + br) * LDK + kk + bc);
+      mma16816<T>(acc[bj][0], a, b[0], b[1]);
+      mma16816<T>(acc[bj][1], a, b[2], b[3]);
     }
   }
-  __syncthreads();
+}
+
+// Block row BR of P = scale * lower_incl(Q K^T) .* exp(G_i - G_j), formed and stored by one warp
+// (lower-block layout, zeros above the diagonal and in the 8 padding columns). ga, gb: the
+// chunk's G[lane], G[lane + 32] (every lane of the warp holds them).
+template <typename T, int DK, int LDK, int BR>
+__device__ __forceinline__ void p_block_row(T* Pg, const T* Qs, const T* Ks, float ga, float gb, float scale,
+                                            int lane) {
+  float acc[BR + 1][2][4];
+  gram_row<T, DK, LDK, BR>(acc, Qs, Ks, lane);
+  const int g = lane / 4, t = lane % 4;
+  constexpr int ld = lower_block_ld(BR);
+  T* const row0 = Pg + lower_block_off(BR);
+  float gi[2];
 #pragma unroll
-  for (int k = 0; k < 3; ++k)
-    if (at[k] >= 0) wm::store_matrix_sync(D + at[k], acc[k], LDA, wm::mem_row_major);
+  for (int hh = 0; hh < 2; ++hh) gi[hh] = __shfl_sync(0xffffffffu, BR < 2 ? ga : gb, (16 * BR + g + 8 * hh) & 31);
+#pragma unroll
+  for (int bj = 0; bj <= BR; ++bj)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int j = 16 * bj + 8 * nt + 2 * t;
+      const float gj0 = __shfl_sync(0xffffffffu, bj < 2 ? ga : gb, j & 31);
+      const float gj1 = __shfl_sync(0xffffffffu, bj < 2 ? ga : gb, (j + 1) & 31);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = 16 * BR + g + 8 * hh;
+        float x0 = scale * acc[bj][nt][2 * hh] * __expf(gi[hh] - gj0);
+        float x1 = scale * acc[bj][nt][2 * hh + 1] * __expf(gi[hh] - gj1);
+        if (bj == BR) {  // the diagonal tile: zero above the diagonal
+          x0 = j <= i ? x0 : 0.0f;
+          x1 = j + 1 <= i ? x1 : 0.0f;
+        }
+        *reinterpret_cast<unsigned*>(row0 + (g + 8 * hh) * ld + j) = pack2<T>(x0, x1);
+      }
+    }
+  if (lane < 16) *reinterpret_cast<uint4*>(row0 + lane * ld + 16 * (BR + 1)) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// Block row BR of A = diag(beta) K K^T (tiles bj <= BR) into At (fp32, ld LDA), by one warp.
+template <typename T, int DK, int LDK, int LDA, int BR>
+__device__ __forceinline__ void a_block_row(float* At, const T* Ks, const float* bs, int lane) {
+  float acc[BR + 1][2][4];
+  gram_row<T, DK, LDK, BR>(acc, Ks, Ks, lane);
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int i = 16 * BR + g + 8 * hh;
+    const float b = bs[i];
+#pragma unroll
+    for (int bj = 0; bj <= BR; ++bj)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+        *reinterpret_cast<float2*>(At + i * LDA + 16 * bj + 8 * nt + 2 * t) =
+            make_float2(b * acc[bj][nt][2 * hh], b * acc[bj][nt][2 * hh + 1]);
+  }
+}
+
+// d += A B for fp32 A (16 x 8 at a, ld lda) and B (8 x 8 at b, ld ldb), as three tf32 products
+// (lo hi + hi lo + hi hi: every term but lo lo, ~2^-21 relative error per product).
+__device__ __forceinline__ void mma1688_3xtf32(float (&d)[4], const float* a, int lda, const float* b, int ldb,
+                                               int g, int t) {
+  const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
+  const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
+  std::uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    ah[e] = tf32_round(av[e]);
+    al[e] = tf32_round(av[e] - __uint_as_float(ah[e]));
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    bh[e] = tf32_round(bv[e]);
+    bl[e] = tf32_round(bv[e] - __uint_as_float(bh[e]));
+  }
+  mma1688_tf32(d, al, bh[0], bh[1]);
+  mma1688_tf32(d, ah, bl[0], bl[1]);
+  mma1688_tf32(d, ah, bh[0], bh[1]);
 }
 
 // Calls f(b, i, j) for every column pair (j, j + 1) of block rows [0, nb) of a lower-block-layout
@@ -89,7 +173,7 @@ __device__ __forceinline__ void for_lower_pairs(int nb, int tid, F&& f) {
 
 // grid = (ceil(T / 64) + N, H); 128 threads. One (chunk slot, head) per CTA; empty slots exit.
 template <typename T, int DK>
-__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedParams p) {
+__global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const ChunkedParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
@@ -118,14 +202,16 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
   extern __shared__ __align__(128) unsigned char smem[];
   T* const Ks = reinterpret_cast<T*>(smem + L::off_k);
   T* const Qs = reinterpret_cast<T*>(smem + L::off_at);      // until Q K^T is formed
-  float* const At = reinterpret_cast<float*>(smem + L::off_at);
-  float* const Rs = reinterpret_cast<float*>(smem + L::off_k);  // once K K^T is formed
+  float* const At = reinterpret_cast<float*>(smem + L::off_at);  // A, then Tu's diagonal blocks
+  float* const Tl = reinterpret_cast<float*>(smem + L::off_k);   // Tu rows [16, 64), left of the diagonal block
+  float* const gs = reinterpret_cast<float*>(smem + L::off_g);
   float* const Gs = reinterpret_cast<float*>(smem + L::off_G);
   float* const bs = reinterpret_cast<float*>(smem + L::off_beta);
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
   unsigned char* const rec = p.ws + (slot * p.num_heads + h) * kRecBytes;
   T* const Mg = reinterpret_cast<T*>(rec + kRecMtOff);
   T* const Mlg = reinterpret_cast<T*>(rec + kRecMtLoOff);
@@ -138,12 +224,12 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
   load_rows_async_n<kPrepThreads, T, DK, LDK>(Qs, qh + c0 * p.q_token, p.q_token, nrows, nb * 16, tid);
   __pipeline_commit();
   if (tid < C) {
-    float g = 0.0f;
+    float gv = 0.0f;
     if (tid < nrows && p.has_gate) {
-      g = p.g[(c0 + tid) * p.g_token + static_cast<std::int64_t>(h) * p.g_head];
-      if (p.gate_linear) g = logf(fmaxf(g, FLT_MIN));
+      gv = p.g[(c0 + tid) * p.g_token + static_cast<std::int64_t>(h) * p.g_head];
+      if (p.gate_linear) gv = logf(fmaxf(gv, FLT_MIN));
     }
-    Gs[tid] = g;
+    gs[tid] = gv;
   } else {
     const int i = tid - C;
     float b = 0.0f;
@@ -154,112 +240,99 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
   __pipeline_wait_prior(0);
   __syncthreads();
 
-  // G = inclusive cumsum (warp 0), written to the record too; Q K^T lower tiles into At.
-  if (warp == 0) {
-    float a = Gs[lane], b = Gs[lane + 32];
+  // G = inclusive cumsum of g, in every warp's registers (ga = G[lane], gb = G[lane + 32]); warp 0
+  // also writes it to shared memory and to the record.
+  float ga = gs[lane], gb = gs[lane + 32];
 #pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const float ta = __shfl_up_sync(0xffffffffu, a, off);
-      const float tb = __shfl_up_sync(0xffffffffu, b, off);
-      if (lane >= off) {
-        a += ta;
-        b += tb;
-      }
+  for (int off = 1; off < 32; off *= 2) {
+    const float ta = __shfl_up_sync(0xffffffffu, ga, off);
+    const float tb = __shfl_up_sync(0xffffffffu, gb, off);
+    if (lane >= off) {
+      ga += ta;
+      gb += tb;
     }
-    b += __shfl_sync(0xffffffffu, a, 31);
-    Gs[lane] = a;
-    Gs[lane + 32] = b;
-    Gg[lane] = a;
-    Gg[lane + 32] = b;
   }
-  gram_lower_tiles_nb<T, DK, LDK, LDA>(Qs, Ks, At, warp, nb);
-  __syncthreads();
+  gb += __shfl_sync(0xffffffffu, ga, 31);
+  if (warp == 0) {
+    Gs[lane] = ga;
+    Gs[lane + 32] = gb;
+    Gg[lane] = ga;
+    Gg[lane + 32] = gb;
+  }
 
-  // P block rows [0, nb) (lower-block layout, zero above the diagonal and in the row padding, so
-  // that the walk never copies uninitialised memory).
-  for_lower_pairs(nb, tid, [&](int b, int i, int j) {
-    float x0 = 0.0f, x1 = 0.0f;
-    if (j <= i) {
-      const float gi = Gs[i];
-      x0 = p.scale * At[i * LDA + j] * __expf(gi - Gs[j]);
-      if (j + 1 <= i) x1 = p.scale * At[i * LDA + j + 1] * __expf(gi - Gs[j + 1]);
-    }
-    *reinterpret_cast<unsigned*>(Pg + lower_block_off(b) + (i % 16) * lower_block_ld(b) + j) = pack2<T>(x0, x1);
-  });
-  __syncthreads();
+  // P: block row 3 - w by warp w (rows at or past nb are not written).
+  switch (3 - warp) {
+    case 0: p_block_row<T, DK, LDK, 0>(Pg, Qs, Ks, ga, gb, p.scale, lane); break;
+    case 1: if (nb > 1) p_block_row<T, DK, LDK, 1>(Pg, Qs, Ks, ga, gb, p.scale, lane); break;
+    case 2: if (nb > 2) p_block_row<T, DK, LDK, 2>(Pg, Qs, Ks, ga, gb, p.scale, lane); break;
+    default: if (nb > 3) p_block_row<T, DK, LDK, 3>(Pg, Qs, Ks, ga, gb, p.scale, lane); break;
+  }
+  __syncthreads();  // Q is dead: A may overwrite it
 
-  // At = K K^T (lower block tiles). A = strict_lower(diag(beta) K K^T) is never formed: the
-  // inverse below reads only entries strictly below the diagonal and applies beta_i to row i.
-  gram_lower_tiles_nb<T, DK, LDK, LDA>(Ks, Ks, At, warp, nb);
-  __syncthreads();
+  // A = diag(beta) K K^T: block row w by warp w.
+  switch (warp) {
+    case 0: a_block_row<T, DK, LDK, LDA, 0>(At, Ks, bs, lane); break;
+    case 1: if (nb > 1) a_block_row<T, DK, LDK, LDA, 1>(At, Ks, bs, lane); break;
+    case 2: if (nb > 2) a_block_row<T, DK, LDK, LDA, 2>(At, Ks, bs, lane); break;
+    default: if (nb > 3) a_block_row<T, DK, LDK, LDA, 3>(At, Ks, bs, lane); break;
+  }
+  __syncthreads();  // A complete; K is dead: Tl and the scratch may overwrite it
 
-  // Tu = (I + A)^-1: diagonal blocks by forward substitution,
-  //   x_i = [i == j] - beta_i sum_{m < i} (K K^T)_im x_m.
-  {
+  // Tu's diagonal blocks, in place of A's: warp b inverts block b by forward substitution, lane j
+  // < 16 solving column j: x_i = [i == j] - sum_{m < i} A_im x_m (zero above the diagonal).
+  if (warp < nb) {
+    float* const Ab = At + (16 * warp) * LDA + 16 * warp;
     float x[16];
-    const int b = tid / 16, j = tid % 16;
-    if (b < nb) {
-      const float* Ab = At + (b * 16) * LDA + b * 16;
+    if (lane < 16) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         float s = 0.0f;
 #pragma unroll
         for (int m = 0; m < i; ++m) s += Ab[i * LDA + m] * x[m];
-        x[i] = (i == j ? 1.0f : 0.0f) - bs[b * 16 + i] * s;
+        x[i] = (i == lane ? 1.0f : 0.0f) - s;
       }
     }
-    __syncthreads();
-    if (b < nb) {
-      float* Tb = At + (b * 16) * LDA + b * 16;
+    __syncwarp();
+    if (lane < 16) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) Tb[i * LDA + j] = x[i];
+      for (int i = 0; i < 16; ++i) Ab[i * LDA + lane] = x[i];
     }
-    __syncthreads();
   }
-  // Off-diagonal blocks, block row by block row:
-  //   R_J = sum_{J <= M < I} A_IM Tu_MJ,   Tu_IJ = -Tu_II R_J   (J < I),
-  // with A_IM = diag(beta_I) (K K^T)_IM: beta applied to R's rows.
-  // Row I reads only rows < I of Tu and row I of A, so Tu_IJ can overwrite A_IJ in place. Each
-  // thread computes four consecutive columns (float4 reads of Tu and R rows).
-  for (int I = 1; I < nb; ++I) {
-    for (int e = tid; e < I * 64; e += kPrepThreads) {
-      const int J = e / 64, r = (e / 4) % 16, c = 4 * (e % 4);
-      const float* arow = At + (I * 16 + r) * LDA;
-      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int M = J; M < I; ++M) {
-#pragma unroll
-        for (int mm = 0; mm < 16; mm += 4) {
-          const float4 a = *reinterpret_cast<const float4*>(arow + M * 16 + mm);
-          const float av[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float4 t = *reinterpret_cast<const float4*>(At + (M * 16 + mm + u) * LDA + J * 16 + c);
-            s.x += av[u] * t.x;
-            s.y += av[u] * t.y;
-            s.z += av[u] * t.z;
-            s.w += av[u] * t.w;
-          }
+  __syncthreads();
+
+  // Block rows I = 1 .. nb - 1 below the diagonal: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ.
+  // Warp w computes the 8 columns nt = w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1
+  // (w >= 2), which balances the M sums; R goes through the warp's scratch into B fragments.
+  {
+    float* const Rw = reinterpret_cast<float*>(smem + L::off_r) + warp * 16 * LDR;
+    const int nt = warp & 1;
+    auto tu_block = [&](int M, int J) -> const float* {  // Tu_MJ, ld LDA
+      return M == J ? At + (16 * M) * LDA + 16 * J : Tl + (16 * M - 16) * LDA + 16 * J;
+    };
+    for (int I = 1; I < nb; ++I) {
+      const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
+      for (int J = j_begin; J < j_end; ++J) {
+        float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int M = J; M < I; ++M) {
+          const float* const a = At + (16 * I) * LDA + 16 * M;
+          const float* const b = tu_block(M, J) + 8 * nt;
+          mma1688_3xtf32(r, a, LDA, b, LDA, g, t);
+          mma1688_3xtf32(r, a + 8, LDA, b + 8 * LDA, LDA, g, t);
         }
+        *reinterpret_cast<float2*>(Rw + g * LDR + 2 * t) = make_float2(r[0], r[1]);
+        *reinterpret_cast<float2*>(Rw + (g + 8) * LDR + 2 * t) = make_float2(r[2], r[3]);
+        __syncwarp();
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float* const tii = At + (16 * I) * LDA + 16 * I;
+        mma1688_3xtf32(o, tii, LDA, Rw, LDR, g, t);
+        mma1688_3xtf32(o, tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
+        __syncwarp();  // the scratch is read before the next J overwrites it
+        float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
+        *reinterpret_cast<float2*>(out + g * LDA) = make_float2(-o[0], -o[1]);
+        *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(-o[2], -o[3]);
       }
-      const float br = bs[I * 16 + r];
-      *reinterpret_cast<float4*>(Rs + r * LDR + J * 16 + c) = make_float4(br * s.x, br * s.y, br * s.z, br * s.w);
+      __syncthreads();
     }
-    __syncthreads();
-    for (int e = tid; e < I * 64; e += kPrepThreads) {
-      const int J = e / 64, r = (e / 4) % 16, c = 4 * (e % 4);
-      const float* tii = At + (I * 16 + r) * LDA + I * 16;  // row r of Tu_II (lower, unit diagonal)
-      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int m = 0; m <= r; ++m) {
-        const float a = tii[m];
-        const float4 t = *reinterpret_cast<const float4*>(Rs + m * LDR + J * 16 + c);
-        s.x += a * t.x;
-        s.y += a * t.y;
-        s.z += a * t.z;
-        s.w += a * t.w;
-      }
-      *reinterpret_cast<float4*>(At + (I * 16 + r) * LDA + J * 16 + c) = make_float4(-s.x, -s.y, -s.z, -s.w);
-    }
-    __syncthreads();
   }
 
   // Mt block rows [0, nb) as hi + lo (lower-block layout, zero above the diagonal and in the row
@@ -267,9 +340,10 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const ChunkedPar
   for_lower_pairs(nb, tid, [&](int b, int i, int j) {
     float x0 = 0.0f, x1 = 0.0f;
     if (j <= i) {
+      const float* const tu = j >= 16 * b ? At + i * LDA + j : Tl + (i - 16) * LDA + j;
       const float gi = Gs[i];
-      x0 = __expf(gi - Gs[j]) * At[i * LDA + j] * bs[j];
-      if (j + 1 <= i) x1 = __expf(gi - Gs[j + 1]) * At[i * LDA + j + 1] * bs[j + 1];
+      x0 = __expf(gi - Gs[j]) * tu[0] * bs[j];
+      if (j + 1 <= i) x1 = __expf(gi - Gs[j + 1]) * tu[1] * bs[j + 1];
     }
     const T h0 = from_f32<T>(x0), h1 = from_f32<T>(x1);
     const int at = lower_block_off(b) + (i % 16) * lower_block_ld(b) + j;

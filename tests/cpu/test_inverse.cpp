@@ -1,0 +1,207 @@
+// Accuracy of a chunk's triangular inverse Tu = (I + A)^-1, A = strict_lower(diag(beta) K K^T),
+// computed three ways from the same bf16 keys, each against an fp64 evaluation:
+//   fs32     fp32 forward substitution over the whole 64 x 64 chunk (the accuracy bar; printed
+//            beside it, the same blocking as below in plain fp32 arithmetic);
+//   3xtf32   the prep kernel's scheme (prep_kernel.cuh): fp32 forward substitution on the 16 x 16
+//            diagonal blocks, then Tu_IJ = -Tu_II sum_M A_IM Tu_MJ with every product on tf32
+//            operands split as hi + lo (lo hi + hi lo + hi hi, fp32 accumulation);
+//   fp16     the same blocking with every operand and result stored in fp16 and fp32
+//            accumulation (a model of inverting in fp16, as the incumbent SM90 kernel does).
+// The tests print the errors and check that the kernel's scheme is at least as accurate as fp32
+// forward substitution, and that the measure separates it from the fp16 model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/half.h"
+
+namespace {
+
+constexpr int C = 64, DK = 128, B = 16;
+
+using Mat = std::vector<double>;  // C x C, row major
+
+float tf32(float x) {  // round to nearest, ties away from zero, 10 mantissa bits
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;
+  u &= 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+float fp16(float x) { return gdnkit::detail::fp16_to_float(gdnkit::detail::float_to_fp16(x)); }
+float bf16(float x) { return gdnkit::detail::bf16_to_float(gdnkit::detail::float_to_bf16(x)); }
+
+struct Chunk {
+  std::vector<float> k;     // C x DK, bf16 values
+  std::vector<float> beta;  // C
+};
+
+// Realistic: L2-normalised random keys, beta = sigmoid(randn). Hard: keys that are nearly
+// parallel (a shared direction plus 20% noise) and beta near 1, so I + A is far from I.
+Chunk make_chunk(std::mt19937_64& rng, bool hard) {
+  std::normal_distribution<double> nd;
+  std::uniform_real_distribution<double> ud(0.9, 1.0);
+  Chunk c;
+  c.k.resize(C * DK);
+  c.beta.resize(C);
+  std::vector<double> u(DK);
+  for (double& x : u) x = nd(rng);
+  for (int i = 0; i < C; ++i) {
+    std::vector<double> row(DK);
+    double n2 = 0.0;
+    for (int d = 0; d < DK; ++d) {
+      row[d] = hard ? u[d] + 0.2 * nd(rng) : nd(rng);
+      n2 += row[d] * row[d];
+    }
+    for (int d = 0; d < DK; ++d) c.k[i * DK + d] = bf16(static_cast<float>(row[d] / std::sqrt(n2)));
+    c.beta[i] = hard ? static_cast<float>(ud(rng)) : static_cast<float>(1.0 / (1.0 + std::exp(-nd(rng))));
+  }
+  return c;
+}
+
+// Forward substitution of (I + A) X = I on rows/columns [lo, hi), in T arithmetic.
+template <typename T>
+void forward_subst(const std::vector<T>& a, std::vector<T>& x, int lo, int hi) {
+  for (int j = lo; j < hi; ++j)
+    for (int i = lo; i < hi; ++i) {
+      T s = 0;
+      for (int m = lo; m < i; ++m) s += a[i * C + m] * x[m * C + j];
+      x[i * C + j] = (i == j ? T(1) : T(0)) - s;
+    }
+}
+
+Mat reference(const Chunk& c) {
+  std::vector<double> a(C * C, 0.0), x(C * C, 0.0);
+  for (int i = 0; i < C; ++i)
+    for (int j = 0; j < i; ++j) {
+      double s = 0.0;
+      for (int d = 0; d < DK; ++d) s += static_cast<double>(c.k[i * DK + d]) * c.k[j * DK + d];
+      a[i * C + j] = static_cast<double>(c.beta[i]) * s;
+    }
+  forward_subst(a, x, 0, C);
+  return x;
+}
+
+// A as the kernel forms it: fp32 accumulation of the Gram product, beta applied in fp32.
+std::vector<float> a_fp32(const Chunk& c) {
+  std::vector<float> a(C * C, 0.0f);
+  for (int i = 0; i < C; ++i)
+    for (int j = 0; j < i; ++j) {
+      float s = 0.0f;
+      for (int d = 0; d < DK; ++d) s += c.k[i * DK + d] * c.k[j * DK + d];
+      a[i * C + j] = c.beta[i] * s;
+    }
+  return a;
+}
+
+Mat fs32(const Chunk& c) {
+  std::vector<float> a = a_fp32(c), x(C * C, 0.0f);
+  forward_subst(a, x, 0, C);
+  return Mat(x.begin(), x.end());
+}
+
+// One 16 x 16 block product d += op(x_blk) op(y_blk) with product-level rounding `mul`.
+template <typename Mul>
+void block_mma(std::vector<float>& d, int di, int dj, const std::vector<float>& x, int xi, int xj,
+               const std::vector<float>& y, int yi, int yj, Mul mul) {
+  for (int r = 0; r < B; ++r)
+    for (int col = 0; col < B; ++col) {
+      float s = d[(di + r) * C + dj + col];
+      for (int k = 0; k < B; ++k) s += mul(x[(xi + r) * C + xj + k], y[(yi + k) * C + yj + col]);
+      d[(di + r) * C + dj + col] = s;
+    }
+}
+
+// The blocked inverse: diagonal blocks by forward substitution, then block rows. `store` rounds
+// what is kept between steps (identity for the kernel's fp32), `mul` is one product's arithmetic.
+template <typename Store, typename Mul>
+Mat blocked(const Chunk& c, Store store, Mul mul) {
+  std::vector<float> a = a_fp32(c), x(C * C, 0.0f);
+  for (float& v : a) v = store(v);
+  for (int b = 0; b < C / B; ++b) forward_subst(a, x, B * b, B * b + B);
+  for (float& v : x) v = store(v);
+  for (int I = 1; I < C / B; ++I)
+    for (int J = 0; J < I; ++J) {
+      std::vector<float> r(C * C, 0.0f), o(C * C, 0.0f);
+      for (int M = J; M < I; ++M) block_mma(r, 0, 0, a, B * I, B * M, x, B * M, B * J, mul);
+      for (float& v : r) v = store(v);
+      block_mma(o, 0, 0, x, B * I, B * I, r, 0, 0, mul);
+      for (int i = 0; i < B; ++i)
+        for (int j = 0; j < B; ++j) x[(B * I + i) * C + B * J + j] = store(-o[i * C + j]);
+    }
+  return Mat(x.begin(), x.end());
+}
+
+Mat three_tf32(const Chunk& c) {
+  return blocked(c, [](float v) { return v; },
+                 [](float a, float b) {
+                   const float ah = tf32(a), al = tf32(a - ah), bh = tf32(b), bl = tf32(b - bh);
+                   return (al * bh + ah * bl) + ah * bh;  // tf32 x tf32 products are exact in fp32
+                 });
+}
+
+Mat fp16_model(const Chunk& c) {
+  return blocked(c, [](float v) { return fp16(v); }, [](float a, float b) { return fp16(a) * fp16(b); });
+}
+
+double rel_err(const Mat& x, const Mat& ref) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(x[i])) return INFINITY;
+    num += (x[i] - ref[i]) * (x[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+struct MeanErrors {
+  double fs32 = 0, blocked32 = 0, tf32x3 = 0, half = 0;
+};
+
+MeanErrors measure(bool hard, int chunks, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  MeanErrors m;
+  for (int n = 0; n < chunks; ++n) {
+    const Chunk c = make_chunk(rng, hard);
+    const Mat ref = reference(c);
+    m.fs32 += rel_err(fs32(c), ref) / chunks;
+    m.blocked32 += rel_err(blocked(c, [](float v) { return v; }, [](float a, float b) { return a * b; }), ref) / chunks;
+    m.tf32x3 += rel_err(three_tf32(c), ref) / chunks;
+    m.half += rel_err(fp16_model(c), ref) / chunks;
+  }
+  std::printf("  %-9s inputs, %d chunks, rel-L2 of Tu vs fp64: fp32 forward substitution %.3e, fp32 blocked "
+              "%.3e, 3xtf32 blocked %.3e, fp16 blocked %.3e\n",
+              hard ? "hard" : "realistic", chunks, m.fs32, m.blocked32, m.tf32x3, m.half);
+  return m;
+}
+
+TEST(Inverse, KernelSchemeMatchesFp32ForwardSubstitution) {
+  for (bool hard : {false, true}) {
+    const MeanErrors m = measure(hard, 24, hard ? 11 : 7);
+    EXPECT_GT(m.fs32, 0.0);
+    EXPECT_LE(m.tf32x3, 1.1 * m.fs32) << (hard ? "hard" : "realistic");
+    EXPECT_GT(m.half, 8.0 * m.fs32) << "the fp16 model should be clearly less accurate";
+  }
+}
+
+// The check is not vacuous: plain tf32 products (no hi + lo split) lose to fp32.
+TEST(Inverse, PlainTf32IsLessAccurate) {
+  std::mt19937_64 rng(5);
+  double plain = 0.0, bar = 0.0;
+  for (int n = 0; n < 8; ++n) {
+    const Chunk c = make_chunk(rng, false);
+    const Mat ref = reference(c);
+    plain += rel_err(blocked(c, [](float v) { return v; }, [](float a, float b) { return tf32(a) * tf32(b); }), ref);
+    bar += rel_err(fs32(c), ref);
+  }
+  EXPECT_GT(plain, 8.0 * bar);
+}
+
+}  // namespace
