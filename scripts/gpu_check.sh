@@ -85,15 +85,22 @@ if has sanitize; then
 fi
 
 if has profile; then
-  # Nsight Compute on one walk and one prep launch of a long single-sequence row (PROFILE_ARGS).
+  # Nsight Compute on one walk and one prep launch of a long single-sequence row (PROFILE_ARGS):
+  # the sections as text, and the SASS-level counters summarised (scripts/ncu_hotspots.py).
   args=${PROFILE_ARGS:-"--lens 4096 --heads 64,64,64 --repeat 1 --check 1"}
   for k in walk prep; do
     ncu --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy \
-      --section LaunchStats --section SourceCounters \
-      "$BUILD/gdnkit" $args >"$OUT/ncu-$k.txt" 2>&1
-    note "ncu $k: rc=$? ($(grep -m1 -E 'Duration' "$OUT/ncu-$k.txt" | tr -s ' '))"
+      --section LaunchStats --section SourceCounters -f -o "$OUT/ncu-$k" \
+      "$BUILD/gdnkit" $args >/dev/null 2>"$OUT/ncu-$k.err"
+    note "ncu $k: rc=$?"
+    ncu --import "$OUT/ncu-$k.ncu-rep" >"$OUT/ncu-$k.txt" 2>&1
+    grep -m1 -E 'Duration' "$OUT/ncu-$k.txt"
+    ncu --import "$OUT/ncu-$k.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu-$k-sass.csv" 2>&1 &&
+      $PY scripts/ncu_hotspots.py "$OUT/ncu-$k-sass.csv" >"$OUT/ncu-$k-hotspots.txt" 2>&1
+    note "ncu $k hotspots: rc=$? ($(head -c 300 "$OUT/ncu-$k-hotspots.txt" | head -3 | tr '\n' ' '))"
+    rm -f "$OUT/ncu-$k-sass.csv" "$OUT/ncu-$k.ncu-rep"
   done
 fi
 

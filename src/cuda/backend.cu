@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "cuda/backend.h"
 #include "cuda/chunked.h"
@@ -43,12 +45,6 @@ void check_aligned(const char* name, const void* ptr) {
   }
 }
 
-int attribute(cudaDeviceAttr attr, int device, const char* what) {
-  int value = 0;
-  check(cudaDeviceGetAttribute(&value, attr, device), what);
-  return value;
-}
-
 }  // namespace
 
 const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a) {
@@ -61,28 +57,110 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a)
 }
 
 bool device_available() noexcept {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return false;
-  }
-  return count > 0;
+  // Counted once per process: a framework binding plans on every call.
+  static const bool available = [] {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver" error
+      return false;
+    }
+    return count > 0;
+  }();
+  return available;
 }
 
 namespace {
 
+// What the planner reads of a device and of a kernel image on it, once per process and device:
+// attribute and occupancy queries cost about a microsecond each, and a framework binding plans on
+// every call. Entries are only added (under the lock), so references to them stay valid.
+struct DeviceInfo {
+  int device = -1;
+  int cc_major = 0, cc_minor = 0, sm_count = 0, smem_optin = 0;
+};
+struct KernelInfo {
+  int device = -1;
+  const SplitKernel* kernel = nullptr;
+  int binary_version = 0, ptx_version = 0;  // of the walk's image on this device; 0: none loads
+  bool prepared = false;                     // shared memory opted in, occupancy read
+  int ctas_per_sm = 0;
+};
+std::mutex cache_mutex;
+std::vector<DeviceInfo>& device_cache() {
+  static std::vector<DeviceInfo> v;
+  return v;
+}
+std::vector<KernelInfo>& kernel_cache() {
+  static std::vector<KernelInfo> v;
+  return v;
+}
+
+int attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  check(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+DeviceInfo device_info(int device) {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  for (const DeviceInfo& d : device_cache())
+    if (d.device == device) return d;
+  DeviceInfo d;
+  d.device = device;
+  d.cc_major = attribute(cudaDevAttrComputeCapabilityMajor, device);
+  d.cc_minor = attribute(cudaDevAttrComputeCapabilityMinor, device);
+  d.sm_count = attribute(cudaDevAttrMultiProcessorCount, device);
+  d.smem_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  device_cache().push_back(d);
+  return d;
+}
+
+// The cache entry of k on the current device `device` (image versions read on first use).
+KernelInfo& kernel_info_locked(int device, const SplitKernel& k) {
+  for (KernelInfo& e : kernel_cache())
+    if (e.device == device && e.kernel == &k) return e;
+  KernelInfo e;
+  e.device = device;
+  e.kernel = &k;
+  cudaFuncAttributes attrs{};
+  if (cudaFuncGetAttributes(&attrs, k.walk_func) == cudaSuccess) {
+    e.binary_version = attrs.binaryVersion;
+    e.ptx_version = attrs.ptxVersion;
+  } else {
+    cudaGetLastError();  // no image loads on this device: recorded as version 0
+  }
+  kernel_cache().push_back(e);
+  return kernel_cache().back();
+}
+
+KernelInfo kernel_info(int device, const SplitKernel& k) {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  return kernel_info_locked(device, k);
+}
+
+// Opts k's kernels into their shared memory and reads the walk's occupancy, once per device.
+KernelInfo prepare_kernel(int device, const SplitKernel& k) {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  KernelInfo& e = kernel_info_locked(device, k);
+  if (!e.prepared) {
+    check(cudaFuncSetAttribute(k.walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.walk_smem)),
+          "cudaFuncSetAttribute");
+    check(cudaFuncSetAttribute(k.prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.prep_smem)),
+          "cudaFuncSetAttribute");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e.ctas_per_sm, k.walk_func, 32 * k.warps, k.walk_smem),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    e.prepared = true;
+  }
+  return e;
+}
+
 // True when the device runs k's walk: the wgmma walks need compute capability 9.0 and an sm_90a
 // image of the kernel (other images of it are a trap).
-bool walk_runs_on(const SplitKernel& k, int cc_major, int cc_minor) {
+bool walk_runs_on(const SplitKernel& k, const Config& c) {
   if (!k.sm90a) return true;
-  if (cc_major != 9 || cc_minor != 0) return false;
-  cudaFuncAttributes attrs{};
-  if (cudaFuncGetAttributes(&attrs, k.walk_func) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attrs.binaryVersion == 90;
+  if (c.cc_major != 9 || c.cc_minor != 0) return false;
+  return kernel_info(c.device, k).binary_version == 90;
 }
 
 bool fits(const SplitKernel& k, int smem_optin) {
@@ -105,7 +183,7 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
     }
   if (split == nullptr)
     fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
-  if (!walk_runs_on(*split, c.cc_major, c.cc_minor) || !fits(*split, smem_optin))
+  if (!walk_runs_on(*split, c) || !fits(*split, smem_optin))
     fail(K::unsupported, "options.kernel",
          "a kernel this device runs (" + want + " needs " +
              (split->sm90a ? "compute capability 9.0 and an sm_90a image" : "compute capability 8.0+") + " and " +
@@ -128,7 +206,7 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
   for (int warps : {8, 4, 2, 1}) {
     if (cols16 % warps != 0) continue;
     const SplitKernel* k = warps == 8 ? find_split_kernel(problem.qkv_dtype, s.dk, warps, true) : nullptr;
-    if (k == nullptr || !walk_runs_on(*k, c.cc_major, c.cc_minor)) k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
+    if (k == nullptr || !walk_runs_on(*k, c)) k = find_split_kernel(problem.qkv_dtype, s.dk, warps);
     if (k == nullptr || !fits(*k, smem_optin)) continue;
     const std::int64_t ctas = (cols16 / warps) * s.H * std::max<std::int64_t>(s.N, 1);
     const std::int64_t cost = (ctas + c.sm_count - 1) / c.sm_count * (warps + 1);
@@ -159,10 +237,11 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
     fail(K::unsupported, "memory", "a usable CUDA device for Memory::cuda",
          std::string(cudaGetErrorName(dev_err)) + " (" + cudaGetErrorString(dev_err) + ")");
   }
-  c.cc_major = attribute(cudaDevAttrComputeCapabilityMajor, c.device, "cudaDeviceGetAttribute");
-  c.cc_minor = attribute(cudaDevAttrComputeCapabilityMinor, c.device, "cudaDeviceGetAttribute");
-  c.sm_count = attribute(cudaDevAttrMultiProcessorCount, c.device, "cudaDeviceGetAttribute");
-  const int smem_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device, "cudaDeviceGetAttribute");
+  const DeviceInfo dev = device_info(c.device);
+  c.cc_major = dev.cc_major;
+  c.cc_minor = dev.cc_minor;
+  c.sm_count = dev.sm_count;
+  const int smem_optin = dev.smem_optin;
   if (c.cc_major < 8)
     fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
          str(c.cc_major) + "." + str(c.cc_minor));
@@ -180,24 +259,13 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
 
   // The default build has kernel images for sm_80 (runs on 8.x) and sm_90a (runs on 9.0 only). An
   // image compiled for a virtual architecture below 8.0 holds only a trap (bf16 mma.sync needs sm_80).
-  cudaFuncAttributes attrs{};
-  const cudaError_t img_err = cudaFuncGetAttributes(&attrs, split->walk_func);
-  if (img_err != cudaSuccess || attrs.ptxVersion < 80) {
-    cudaGetLastError();
+  const KernelInfo img = kernel_info(c.device, *split);
+  if (img.ptx_version < 80)
     fail(K::unsupported, "device", "a GPU this build has sm_80+ kernels for (default build: sm_80 family, sm_90a)",
          "sm_" + str(c.cc_major) + str(c.cc_minor) +
-             (img_err != cudaSuccess ? std::string(" (") + cudaGetErrorName(img_err) + ")"
-                                     : " (image for compute_" + str(attrs.ptxVersion) + ")"));
-  }
-  check(cudaFuncSetAttribute(split->walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(split->walk_smem)),
-        "cudaFuncSetAttribute");
-  check(cudaFuncSetAttribute(split->prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(split->prep_smem)),
-        "cudaFuncSetAttribute");
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, split->walk_func, 32 * split->warps,
-                                                      split->walk_smem),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+             (img.ptx_version == 0 ? std::string(" (no kernel image loads)")
+                                   : " (image for compute_" + str(img.ptx_version) + ")"));
+  c.ctas_per_sm = prepare_kernel(c.device, *split).ctas_per_sm;
 
   c.split = split;
   c.kernel = split->name;
