@@ -107,8 +107,8 @@ __device__ __forceinline__ void p_block_row(T* Pg, const T* Qs, const T* Ks, flo
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = 16 * BR + g + 8 * hh;
-        float x0 = scale * acc[bj][nt][2 * hh] * __expf(gi[hh] - gj0);
-        float x1 = scale * acc[bj][nt][2 * hh + 1] * __expf(gi[hh] - gj1);
+        float x0 = scale * acc[bj][nt][2 * hh] * fast_exp(gi[hh] - gj0);
+        float x1 = scale * acc[bj][nt][2 * hh + 1] * fast_exp(gi[hh] - gj1);
         if (bj == BR) {  // the diagonal tile: zero above the diagonal
           x0 = j <= i ? x0 : 0.0f;
           x1 = j + 1 <= i ? x1 : 0.0f;
@@ -158,17 +158,6 @@ __device__ __forceinline__ void mma1688_3xtf32(float (&d)[4], const float* a, in
   mma1688_tf32(d, al, bh[0], bh[1]);
   mma1688_tf32(d, ah, bl[0], bl[1]);
   mma1688_tf32(d, ah, bh[0], bh[1]);
-}
-
-// Calls f(b, i, j) for every column pair (j, j + 1) of block rows [0, nb) of a lower-block-layout
-// matrix (chunked.h), row padding included: 16 rows x 8 pairs per pass of the 128 threads.
-template <typename F>
-__device__ __forceinline__ void for_lower_pairs(int nb, int tid, F&& f) {
-  const int r = tid / 8, jp0 = tid % 8;
-  for (int b = 0; b < nb; ++b) {
-    const int pairs = lower_block_ld(b) / 2;
-    for (int jp = jp0; jp < pairs; jp += 8) f(b, 16 * b + r, 2 * jp);
-  }
 }
 
 // grid = (ceil(T / 64) + N, H); 128 threads. One (chunk slot, head) per CTA; empty slots exit.
@@ -336,20 +325,41 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   }
 
   // Mt block rows [0, nb) as hi + lo (lower-block layout, zero above the diagonal and in the row
-  // padding): hi = round(Mt), lo = round(Mt - hi).
-  for_lower_pairs(nb, tid, [&](int b, int i, int j) {
-    float x0 = 0.0f, x1 = 0.0f;
-    if (j <= i) {
-      const float* const tu = j >= 16 * b ? At + i * LDA + j : Tl + (i - 16) * LDA + j;
+  // padding): hi = round(Mt), lo = round(Mt - hi). Thread (r, q) = (tid / 8, tid % 8) writes row
+  // 16 b + r of block row b, column pairs (16 k + 2 q, +1): k < b left of the diagonal block (Tl),
+  // k = b the diagonal block, k = b + 1 the 8 padding columns (q < 4).
+  {
+    const int r = tid / 8, q = tid % 8;
+    for (int b = 0; b < nb; ++b) {  // rolled loops, uniform branches: unrolled, they spill
+      const int i = 16 * b + r;
       const float gi = Gs[i];
-      x0 = __expf(gi - Gs[j]) * tu[0] * bs[j];
-      if (j + 1 <= i) x1 = __expf(gi - Gs[j + 1]) * tu[1] * bs[j + 1];
+      T* const hrow = Mg + lower_block_off(b) + r * lower_block_ld(b);
+      T* const lrow = Mlg + lower_block_off(b) + r * lower_block_ld(b);
+      for (int k = 0; k <= b + 1; ++k) {
+        const int j = 16 * k + 2 * q;
+        if (k == b + 1) {
+          if (q < 4) {
+            *reinterpret_cast<unsigned*>(hrow + j) = 0u;
+            *reinterpret_cast<unsigned*>(lrow + j) = 0u;
+          }
+          continue;
+        }
+        const float2 tu = *reinterpret_cast<const float2*>(k == b ? At + i * LDA + j : Tl + (i - 16) * LDA + j);
+        const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+        const float2 bj = *reinterpret_cast<const float2*>(bs + j);
+        float x0 = fast_exp(gi - gj.x) * tu.x * bj.x;
+        float x1 = fast_exp(gi - gj.y) * tu.y * bj.y;
+        if (k == b) {  // the diagonal block: zero above the diagonal (exp may overflow there)
+          x0 = 2 * q <= r ? x0 : 0.0f;
+          x1 = 2 * q + 1 <= r ? x1 : 0.0f;
+        }
+        const unsigned h = pack2<T>(x0, x1);
+        const float2 hf = unpack2<T>(h);
+        *reinterpret_cast<unsigned*>(hrow + j) = h;
+        *reinterpret_cast<unsigned*>(lrow + j) = pack2<T>(x0 - hf.x, x1 - hf.y);
+      }
     }
-    const T h0 = from_f32<T>(x0), h1 = from_f32<T>(x1);
-    const int at = lower_block_off(b) + (i % 16) * lower_block_ld(b) + j;
-    *reinterpret_cast<unsigned*>(Mg + at) = pack2<T>(to_f32(h0), to_f32(h1));
-    *reinterpret_cast<unsigned*>(Mlg + at) = pack2<T>(x0 - to_f32(h0), x1 - to_f32(h1));
-  });
+  }
 #endif
 }
 

@@ -64,16 +64,6 @@ __device__ __forceinline__ void load_tile_full(T* dst, const T* src, std::int64_
   }
 }
 
-// Two floats from the two 16-bit halves of a 32-bit word (the lower half first).
-template <typename T>
-__device__ __forceinline__ float2 unpack2(std::uint32_t x) {
-  const std::uint16_t lo = static_cast<std::uint16_t>(x & 0xffffu), hi = static_cast<std::uint16_t>(x >> 16);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return make_float2(__bfloat162float(__ushort_as_bfloat16(lo)), __bfloat162float(__ushort_as_bfloat16(hi)));
-  else
-    return make_float2(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
-}
-
 // A fragment of the 16 x 16 block formed by C tiles lo (columns 0..7) and hi (8..15).
 template <typename T>
 __device__ __forceinline__ void to_a_frag(std::uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
@@ -267,7 +257,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     for (int half = 0; half < 2; ++half) {
       const int i = 2 * rb + half;
       const float2 G2 = *reinterpret_cast<const float2*>(S.G + 8 * i + 2 * t);
-      const float gam0 = __expf(G2.x), gam1 = __expf(G2.y);
+      const float gam0 = fast_exp(G2.x), gam1 = fast_exp(G2.y);
       const float2 va = unpack2<T>(vv[2 * half]), vb = unpack2<T>(vv[2 * half + 1]);
       x[half][0] = va.x - gam0 * ks[i][0];
       x[half][1] = va.y - gam1 * ks[i][1];
@@ -294,12 +284,12 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     for (int half = 0; half < 2; ++half) {
       const int i = 2 * rb + half;
       const float2 G2 = *reinterpret_cast<const float2*>(S.G + 8 * i + 2 * t);
-      const float s0 = scale * __expf(G2.x), s1 = scale * __expf(G2.y);
+      const float s0 = scale * fast_exp(G2.x), s1 = scale * fast_exp(G2.y);
       qs[i][0] *= s0;
       qs[i][1] *= s1;
       qs[i][2] *= s0;
       qs[i][3] *= s1;
-      const float e0 = __expf(G_last - G2.x), e1 = __expf(G_last - G2.y);
+      const float e0 = fast_exp(G_last - G2.x), e1 = fast_exp(G_last - G2.y);
       d[half][0] = vn[i][0] * e0;
       d[half][1] = vn[i][1] * e1;
       d[half][2] = vn[i][2] * e0;
@@ -324,7 +314,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   }
 
   // St' = gam_last St + (Vnt diag(exp(G_last - G))) K.
-  const float gam_last = __expf(G_last);
+  const float gam_last = fast_exp(G_last);
 #pragma unroll
   for (int j = 0; j < DK / 8; ++j)
 #pragma unroll

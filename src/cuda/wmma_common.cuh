@@ -6,8 +6,10 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/chunked.h"
 
@@ -49,6 +51,30 @@ template <>
 __device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
   return static_cast<unsigned>(__half_as_ushort(__float2half_rn(a))) |
          static_cast<unsigned>(__half_as_ushort(__float2half_rn(b))) << 16;
+}
+
+// Two floats from the two 16-bit halves of a 32-bit word (the lower half first).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(std::uint32_t x) {
+  const std::uint16_t lo = static_cast<std::uint16_t>(x & 0xffffu), hi = static_cast<std::uint16_t>(x >> 16);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return make_float2(__bfloat162float(__ushort_as_bfloat16(lo)), __bfloat162float(__ushort_as_bfloat16(hi)));
+  else
+    return make_float2(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
+}
+
+// e^x as ex2.approx.ftz(x log2(e)): a multiply and one MUFU op, the accuracy of __expf (2 ulp).
+// Results below 2^-126 flush to zero, where __expf spends three more instructions (a compare and
+// two predicated multiplies) on returning a denormal.
+__device__ __forceinline__ float fast_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+#else  // host compilation pass (and host emulation of the kernels)
+  const float y = std::exp2(x * 1.4426950408889634f);
+  return y < 1.17549435e-38f ? 0.0f : y;
+#endif
 }
 
 template <typename T>
