@@ -157,10 +157,13 @@ def host_overhead_us(gdnkit, x, reps=200):
 
 
 def git_commit():
+    # GDNKIT_COMMIT first: a copied tree's .git may be stale (scripts/gpu_check.sh passes it).
+    if os.environ.get("GDNKIT_COMMIT"):
+        return os.environ["GDNKIT_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True).strip()
     except Exception:
-        return os.environ.get("GDNKIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def main():
