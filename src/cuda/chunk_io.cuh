@@ -28,6 +28,25 @@ __device__ __forceinline__ void load_rows_async_n(T* dst, const T* src, std::int
   }
 }
 
+// Copies a full chunk's [64 x COLS] 16-bit tile (row stride `stride` elements) into shared memory
+// (ld LD) with 16-byte cp.async: NT is a multiple of the vectors per row, so each thread keeps one
+// column and steps over rows by a constant.
+template <int NT, typename T, int COLS, int LD>
+__device__ __forceinline__ void load_tile_full(T* dst, const T* src, std::int64_t stride, int tid) {
+  constexpr int PER_ROW = COLS / 8;
+  constexpr int STEP = NT / PER_ROW;
+  static_assert(NT % PER_ROW == 0 && kChunk % STEP == 0, "whole rows per pass");
+  const int row = tid / PER_ROW, col = (tid % PER_ROW) * 8;
+  const T* s = src + row * stride + col;
+  T* d = dst + row * LD + col;
+#pragma unroll
+  for (int i = 0; i < kChunk / STEP; ++i) {
+    __pipeline_memcpy_async(d, s, 16);
+    d += STEP * LD;
+    s += STEP * stride;
+  }
+}
+
 // Copies block rows [0, nb) of a lower-block-layout matrix (chunked.h) from its workspace record
 // into shared memory (the same layout: one contiguous prefix) with 16-byte cp.async, NT threads.
 template <int NT, typename T>

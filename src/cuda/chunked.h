@@ -67,7 +67,8 @@ constexpr int kBetaF32 = 0, kBetaBF16 = 1, kBetaF16 = 2;
 //   Mt = exp(G_i - G_j) Tu_ij beta_j (i >= j)            64 x 64, as hi + lo (two qkv-dtype matrices,
 //                                                        hi = round(Mt), lo = round(Mt - hi))
 //   P  = scale * lower_incl(Q K^T) .* exp(G_i - G_j)      64 x 64, qkv dtype
-//   G  = cumsum(g) within the chunk                       64 fp32 (padded rows repeat G_last)
+//   gam = exp(G), dec = exp(G_last - G)                  64 + 64 fp32, G = cumsum(g) within the
+//                                                        chunk (padded rows repeat G_last)
 // Mt and P are lower block triangular (16 x 16 blocks); only the blocks on or below the diagonal
 // are stored, block row by block row ("lower-block layout"): block row b holds rows [16 b, 16 b + 16)
 // and columns [0, 16 b + 16), with a row pitch of 16 b + 24 elements (8 unused padding elements
@@ -85,7 +86,8 @@ constexpr std::size_t kRecMtOff = 0;
 constexpr std::size_t kRecMtLoOff = kRecMtOff + kLowerBytes;
 constexpr std::size_t kRecPOff = kRecMtLoOff + kLowerBytes;
 constexpr std::size_t kRecGOff = kRecPOff + kLowerBytes;
-constexpr std::size_t kRecBytes = kRecGOff + std::size_t(kChunk) * 4;  // 18688, a multiple of 128
+constexpr std::size_t kRecDecOff = kRecGOff + std::size_t(kChunk) * 4;  // kRecGOff: gam
+constexpr std::size_t kRecBytes = kRecDecOff + std::size_t(kChunk) * 4;  // 18944, a multiple of 128
 static_assert(kRecBytes % 128 == 0 && kLowerBytes % 128 == 0, "records and their parts stay 128-byte aligned");
 
 struct SplitKernel {

@@ -2,7 +2,8 @@
 // that depends only on K, Q, g and beta, computed once per (chunk, head) and fully in parallel.
 //
 // For chunk j of sequence n and output head h it writes one workspace record (layout in chunked.h):
-//   G  = cumsum(g) within the chunk (fp32),
+//   gam = exp(G), dec = exp(G_last - G) with G = cumsum(g) within the chunk (fp32; computed once
+//        here rather than by every warp of every walk),
 //   P  = scale * lower_incl(Q K^T) .* exp(G_i - G_j)              (qkv dtype),
 //   Mt = exp(G_i - G_j) Tu_ij beta_j, Tu = (I + strict_lower(diag(beta) K K^T))^-1,
 //        stored as hi + lo: hi = round(Mt), lo = round(Mt - hi)  (two qkv-dtype matrices).
@@ -18,7 +19,7 @@
 //   2. The inverse Tu in fp32 arithmetic: warp b inverts diagonal block b by forward substitution;
 //      then block row I (I = 1..3) is Tu_IJ = -Tu_II sum_{J <= M < I} A_IM Tu_MJ, on mma.sync with
 //      tf32 operands split as hi + lo (three products: hi hi + hi lo + lo hi, error ~2^-21 per
-//      product, below the fp32 forward substitution it replaces; tests/cpu/test_inverse.cpp).
+//      product; as accurate as fp32 forward substitution, tests/cpu/test_inverse.cpp).
 //   3. Mt as hi + lo from Tu, G and beta.
 #pragma once
 
@@ -139,7 +140,9 @@ __device__ __forceinline__ void a_block_row(float* At, const T* Ks, const float*
 }
 
 // d += A B for fp32 A (16 x 8 at a, ld lda) and B (8 x 8 at b, ld ldb), as three tf32 products
-// (lo hi + hi lo + hi hi: every term but lo lo, ~2^-21 relative error per product).
+// (lo hi + hi lo + hi hi): hi = tf32(x), lo = tf32(x - hi), every term but lo lo kept, ~2^-21
+// relative error per product (tests/cpu/test_inverse.cpp models this split; truncating instead
+// of rounding measured 1.5x less accurate there).
 __device__ __forceinline__ void mma1688_3xtf32(float (&d)[4], const float* a, int lda, const float* b, int ldb,
                                                int g, int t) {
   const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
@@ -205,12 +208,18 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   T* const Mg = reinterpret_cast<T*>(rec + kRecMtOff);
   T* const Mlg = reinterpret_cast<T*>(rec + kRecMtLoOff);
   T* const Pg = reinterpret_cast<T*>(rec + kRecPOff);
-  float* const Gg = reinterpret_cast<float*>(rec + kRecGOff);
+  float* const gam_g = reinterpret_cast<float*>(rec + kRecGOff);
+  float* const dec_g = reinterpret_cast<float*>(rec + kRecDecOff);
 
   const T* const qh = static_cast<const T*>(p.q) + static_cast<std::int64_t>(h / p.q_group) * p.q_head;
   const T* const kh = static_cast<const T*>(p.k) + static_cast<std::int64_t>(h / p.k_group) * p.k_head;
-  load_rows_async_n<kPrepThreads, T, DK, LDK>(Ks, kh + c0 * p.k_token, p.k_token, nrows, nb * 16, tid);
-  load_rows_async_n<kPrepThreads, T, DK, LDK>(Qs, qh + c0 * p.q_token, p.q_token, nrows, nb * 16, tid);
+  if (nrows == C) {  // full chunk: straight-line copies with constant strides
+    load_tile_full<kPrepThreads, T, DK, LDK>(Ks, kh + c0 * p.k_token, p.k_token, tid);
+    load_tile_full<kPrepThreads, T, DK, LDK>(Qs, qh + c0 * p.q_token, p.q_token, tid);
+  } else {
+    load_rows_async_n<kPrepThreads, T, DK, LDK>(Ks, kh + c0 * p.k_token, p.k_token, nrows, nb * 16, tid);
+    load_rows_async_n<kPrepThreads, T, DK, LDK>(Qs, qh + c0 * p.q_token, p.q_token, nrows, nb * 16, tid);
+  }
   __pipeline_commit();
   if (tid < C) {
     float gv = 0.0f;
@@ -230,7 +239,8 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   __syncthreads();
 
   // G = inclusive cumsum of g, in every warp's registers (ga = G[lane], gb = G[lane + 32]); warp 0
-  // also writes it to shared memory and to the record.
+  // also writes it to shared memory, and gam and dec to the record (G_last = G[63]: padded rows
+  // repeat it).
   float ga = gs[lane], gb = gs[lane + 32];
 #pragma unroll
   for (int off = 1; off < 32; off *= 2) {
@@ -245,8 +255,11 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   if (warp == 0) {
     Gs[lane] = ga;
     Gs[lane + 32] = gb;
-    Gg[lane] = ga;
-    Gg[lane + 32] = gb;
+    const float g_last = __shfl_sync(0xffffffffu, gb, 31);
+    gam_g[lane] = fast_exp(ga);
+    gam_g[lane + 32] = fast_exp(gb);
+    dec_g[lane] = fast_exp(g_last - ga);
+    dec_g[lane + 32] = fast_exp(g_last - gb);
   }
 
   // P: block row 3 - w by warp w (rows at or past nb are not written).

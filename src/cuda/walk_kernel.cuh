@@ -1,5 +1,5 @@
 // The state walk of the CUDA path: chunk after chunk, only the products that need the state S
-// (dk x dv, fp32), from the prep kernel's records (Mt, P, G; prep_kernel.cuh):
+// (dk x dv, fp32), from the prep kernel's records (Mt, P, gam, dec; prep_kernel.cuh):
 //
 //   X  = V - diag(gam) K S                        gam_i = exp(G_i)
 //   Vn = Mt X                                     (Mt as hi + lo: two products, one accumulator)
@@ -23,7 +23,7 @@
 // to 16 bits as operands, everything else fp32. Ot is transposed back in registers (movmatrix).
 //
 // A CTA covers DVB = 16 x warps value columns of one head and shares the staging of K, Q, V, the
-// record and G: two stages, the next chunk's copies (cp.async) in flight while the current one is
+// record: two stages, the next chunk's copies (cp.async) in flight while the current one is
 // computed, one CTA barrier per chunk. blockIdx.z strides over sequences, and the pipeline runs
 // across sequence boundaries too (short sequences overlap their loads).
 //
@@ -44,25 +44,6 @@
 #include "cuda/wmma_common.cuh"
 
 namespace gdnkit::cuda {
-
-// Copies a full chunk's [64 x COLS] 16-bit tile (row stride `stride` elements) into shared memory
-// (ld LD) with 16-byte cp.async: NT is a multiple of the vectors per row, so each thread keeps one
-// column and steps over rows by a constant.
-template <int NT, typename T, int COLS, int LD>
-__device__ __forceinline__ void load_tile_full(T* dst, const T* src, std::int64_t stride, int tid) {
-  constexpr int PER_ROW = COLS / 8;
-  constexpr int STEP = NT / PER_ROW;
-  static_assert(NT % PER_ROW == 0 && kChunk % STEP == 0, "whole rows per pass");
-  const int row = tid / PER_ROW, col = (tid % PER_ROW) * 8;
-  const T* s = src + row * stride + col;
-  T* d = dst + row * LD + col;
-#pragma unroll
-  for (int i = 0; i < kChunk / STEP; ++i) {
-    __pipeline_memcpy_async(d, s, 16);
-    d += STEP * LD;
-    s += STEP * stride;
-  }
-}
 
 // A fragment of the 16 x 16 block formed by C tiles lo (columns 0..7) and hi (8..15).
 template <typename T>
@@ -88,10 +69,10 @@ template <typename T>
 struct WalkStage {
   const unsigned char* base;  // the stage (policy-specific layout of K, Q, Mt, P)
   const T* V;                 // [64][LDV], the CTA's DVB columns, padded rows
-  const float* G;             // 64 gate sums
+  const float* gam;           // 64 x exp(G), then 64 x exp(G_last - G) (the record's gam, dec)
 };
 
-// mma.sync products: K, Q as padded [64][DK + 8] tiles, Mt hi, Mt lo, P, G as a verbatim copy of
+// mma.sync products: K, Q as padded [64][DK + 8] tiles, Mt hi, Mt lo, P, gam, dec as a verbatim copy of
 // the workspace record (lower-block layout), V as [64][DVB + 8].
 template <typename T_, int DK_, int WARPS>
 struct MmaSyncWalk {
@@ -106,7 +87,7 @@ struct MmaSyncWalk {
   static constexpr std::size_t off_k = 0;
   static constexpr std::size_t off_q = off_k + align128(k_bytes);
   static constexpr std::size_t off_v = off_q + align128(k_bytes);
-  static constexpr std::size_t off_rec = off_v + align128(v_bytes);  // Mt hi, Mt lo, P, G at the record's offsets
+  static constexpr std::size_t off_rec = off_v + align128(v_bytes);  // Mt hi, Mt lo, P, gam, dec at the record's offsets
   static constexpr std::size_t stage_bytes = off_rec + kRecBytes;
   static constexpr bool kSm90a = false;
   static constexpr std::size_t align = 128;  // of the stages' base (dynamic shared memory is at least this)
@@ -137,7 +118,7 @@ struct MmaSyncWalk {
       load_rows_async_n<kThreads, T, DVB, LDV>(Vd, v, v_token, nrows, nb * 16, tid);
       for (std::size_t off : {kRecMtOff, kRecMtLoOff, kRecPOff})
         load_lower_async<kThreads>(reinterpret_cast<T*>(Rd + off), reinterpret_cast<const T*>(rec + off), nb, tid);
-      for (int i = tid; i < kChunk / 4; i += kThreads)
+      for (int i = tid; i < kChunk / 2; i += kThreads)  // gam and dec
         __pipeline_memcpy_async(Rd + kRecGOff + 16 * i, rec + kRecGOff + 16 * i, 16);
     }
   }
@@ -236,7 +217,6 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   using T = typename W::T;
   constexpr int DK = W::DK, LDV = W::LDV;
   const int t = l.t;
-  const float G_last = S.G[nrows - 1];
 
   // KSt = St K^T and QSt = St Q^T; tile i covers chunk rows [8 i, 8 i + 8).
   float ks[2 * NB][4], qs[2 * NB][4];
@@ -256,8 +236,8 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 2 * rb + half;
-      const float2 G2 = *reinterpret_cast<const float2*>(S.G + 8 * i + 2 * t);
-      const float gam0 = fast_exp(G2.x), gam1 = fast_exp(G2.y);
+      const float2 gm = *reinterpret_cast<const float2*>(S.gam + 8 * i + 2 * t);
+      const float gam0 = gm.x, gam1 = gm.y;
       const float2 va = unpack2<T>(vv[2 * half]), vb = unpack2<T>(vv[2 * half + 1]);
       x[half][0] = va.x - gam0 * ks[i][0];
       x[half][1] = va.y - gam1 * ks[i][1];
@@ -283,13 +263,14 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 2 * rb + half;
-      const float2 G2 = *reinterpret_cast<const float2*>(S.G + 8 * i + 2 * t);
-      const float s0 = scale * fast_exp(G2.x), s1 = scale * fast_exp(G2.y);
+      const float2 gm = *reinterpret_cast<const float2*>(S.gam + 8 * i + 2 * t);
+      const float s0 = scale * gm.x, s1 = scale * gm.y;
       qs[i][0] *= s0;
       qs[i][1] *= s1;
       qs[i][2] *= s0;
       qs[i][3] *= s1;
-      const float e0 = fast_exp(G_last - G2.x), e1 = fast_exp(G_last - G2.y);
+      const float2 dc = *reinterpret_cast<const float2*>(S.gam + kChunk + 8 * i + 2 * t);
+      const float e0 = dc.x, e1 = dc.y;
       d[half][0] = vn[i][0] * e0;
       d[half][1] = vn[i][1] * e1;
       d[half][2] = vn[i][2] * e0;
@@ -314,7 +295,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   }
 
   // St' = gam_last St + (Vnt diag(exp(G_last - G))) K.
-  const float gam_last = fast_exp(G_last);
+  const float gam_last = S.gam[kChunk - 1];
 #pragma unroll
   for (int j = 0; j < DK / 8; ++j)
 #pragma unroll

@@ -6,7 +6,7 @@
 // Per stage, in 128-byte-swizzled tiles (wgmma_sm90.cuh): K and Q [64 x dk] (dk / 64 column
 // blocks of 8 KB), Mt hi, Mt lo and P as full [64 x 64] (8 KB each, copied chunk by chunk from the
 // record's lower-block layout; their upper-triangle chunks are zeroed once per CTA and never
-// written again), V padded [64][DVB + 8] for ldmatrix.trans, G.
+// written again), V padded [64][DVB + 8] for ldmatrix.trans, gam and dec.
 //
 //   KSt += St K^T      m64 n(16 NB) k16 x dk/16, B = K   K-major
 //   QSt += St Q^T      same with Q
@@ -38,7 +38,7 @@ struct WgmmaWalk {
   static constexpr std::size_t off_p = off_ml + m_bytes;
   static constexpr std::size_t off_v = off_p + m_bytes;
   static constexpr std::size_t off_g = off_v + align128(v_bytes);
-  static constexpr std::size_t stage_bytes = (off_g + kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr std::size_t stage_bytes = (off_g + kChunk * 8 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   static constexpr std::size_t align = kSwizzleAtomBytes;                // stages start 1024-byte aligned
   static constexpr std::size_t smem_bytes = 2 * stage_bytes + align;     // + slack to align the base
   static_assert(DK % 64 == 0, "dk is whole 64-column swizzle blocks");
@@ -98,7 +98,7 @@ struct WgmmaWalk {
         }
       }
     }
-    for (int i = tid; i < kChunk / 4; i += kThreads)
+    for (int i = tid; i < kChunk / 2; i += kThreads)  // gam and dec
       __pipeline_memcpy_async(stage + off_g + 16 * i, rec + kRecGOff + 16 * i, 16);
   }
 

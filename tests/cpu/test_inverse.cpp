@@ -26,6 +26,14 @@ constexpr int C = 64, DK = 128, B = 16;
 
 using Mat = std::vector<double>;  // C x C, row major
 
+float tf32_trunc(float x) {  // low 13 mantissa bits cleared
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u &= 0xffffe000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
 float tf32(float x) {  // round to nearest, ties away from zero, 10 mantissa bits
   std::uint32_t u;
   std::memcpy(&u, &x, 4);
@@ -191,7 +199,26 @@ TEST(Inverse, KernelSchemeMatchesFp32ForwardSubstitution) {
   }
 }
 
-// The check is not vacuous: plain tf32 products (no hi + lo split) lose to fp32.
+// The check is not vacuous: a split by truncation, or plain tf32 products (no hi + lo split),
+// measurably lose to fp32.
+TEST(Inverse, TruncatedSplitIsLessAccurate) {
+  std::mt19937_64 rng(7);
+  double trunc = 0.0, bar = 0.0;
+  for (int n = 0; n < 24; ++n) {
+    const Chunk c = make_chunk(rng, false);
+    const Mat ref = reference(c);
+    trunc += rel_err(blocked(c, [](float v) { return v; },
+                             [](float a, float b) {
+                               const float ah = tf32_trunc(a), al = tf32_trunc(a - ah), bh = tf32_trunc(b),
+                                           bl = tf32_trunc(b - bh);
+                               return (al * bh + ah * bl) + ah * bh;
+                             }),
+                     ref);
+    bar += rel_err(fs32(c), ref);
+  }
+  EXPECT_GT(trunc, 1.2 * bar);
+}
+
 TEST(Inverse, PlainTf32IsLessAccurate) {
   std::mt19937_64 rng(5);
   double plain = 0.0, bar = 0.0;
