@@ -1,0 +1,152 @@
+// Host emulation of the CUDA features the chunked kernel uses (test harness only).
+#pragma once
+#include <barrier>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include "common/half.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__
+#define __align__(n)
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; dim3() = default; dim3(unsigned a, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+using cudaError_t = int;
+using cudaStream_t = void*;
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 gridDim, blockDim;
+inline std::barrier<>* g_block_barrier = nullptr;
+inline std::barrier<>* g_warp_barrier[8] = {};
+inline float g_shfl[8][32];
+
+inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
+inline void __trap() { std::abort(); }
+
+inline float __shfl_up_sync(unsigned, float v, int off) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_barrier[w]->arrive_and_wait();
+  g_shfl[w][l] = v;
+  g_warp_barrier[w]->arrive_and_wait();
+  const float r = l >= off ? g_shfl[w][l - off] : v;
+  g_warp_barrier[w]->arrive_and_wait();
+  return r;
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_barrier[w]->arrive_and_wait();
+  g_shfl[w][l] = v;
+  g_warp_barrier[w]->arrive_and_wait();
+  const float r = g_shfl[w][src];
+  g_warp_barrier[w]->arrive_and_wait();
+  return r;
+}
+
+struct __nv_bfloat16 { std::uint16_t bits; };
+struct __half { std::uint16_t bits; };
+inline float __bfloat162float(__nv_bfloat16 x) { return gdnkit::detail::bf16_to_float(x.bits); }
+inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {gdnkit::detail::float_to_bf16(x)}; }
+inline float __half2float(__half x) { return gdnkit::detail::fp16_to_float(x.bits); }
+inline __half __float2half_rn(float x) { return {gdnkit::detail::float_to_fp16(x)}; }
+inline float tofl(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float tofl(__half x) { return __half2float(x); }
+inline float tofl(float x) { return x; }
+
+#include <atomic>
+inline std::atomic<long> g_ff_copies{0};
+inline void __pipeline_memcpy_async(void* dst, const void* src, std::size_t n, std::size_t = 0) {
+  if ((reinterpret_cast<std::uintptr_t>(dst) % 16) || (reinterpret_cast<std::uintptr_t>(src) % 16)) {
+    std::fprintf(stderr, "misaligned cp.async\n");
+    std::abort();
+  }
+  std::memcpy(dst, src, n);
+  bool all_ff = true;
+  for (std::size_t i = 0; i < n; ++i) all_ff = all_ff && static_cast<const unsigned char*>(src)[i] == 0xff;
+  if (all_ff) g_ff_copies.fetch_add(1);
+}
+inline void __pipeline_commit() {}
+inline void __pipeline_wait_prior(std::size_t) {}
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int num_elements = 256;
+  float x[256];  // the whole tile, row-major [r][c]; meaningful in lane 0 only
+};
+inline bool lane0() { return threadIdx.x % 32 == 0; }
+inline void check_align(const void* p, unsigned ld, int elem) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 32) { std::fprintf(stderr, "wmma pointer not 32-byte aligned\n"); std::abort(); }
+  if ((elem == 2 && ld % 8) || (elem == 4 && ld % 4)) { std::fprintf(stderr, "wmma bad ld\n"); std::abort(); }
+}
+template <typename Use, typename T, typename L>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const T* p, unsigned ld) {
+  check_align(p, ld, sizeof(T));
+  if (!lane0()) return;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) {
+      if constexpr (std::is_same_v<L, row_major>) f.x[r * 16 + c] = tofl(p[r * ld + c]);
+      else f.x[r * 16 + c] = tofl(p[c * ld + r]);
+    }
+}
+template <typename T>
+void load_matrix_sync(fragment<accumulator, 16, 16, 16, T, void>& f, const T* p, unsigned ld, layout_t lay) {
+  check_align(p, ld, sizeof(T));
+  if (!lane0()) return;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = lay == mem_row_major ? p[r * ld + c] : p[c * ld + r];
+}
+template <typename T>
+void store_matrix_sync(T* p, const fragment<accumulator, 16, 16, 16, T, void>& f, unsigned ld, layout_t lay) {
+  check_align(p, ld, sizeof(T));
+  if (!lane0()) return;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) (lay == mem_row_major ? p[r * ld + c] : p[c * ld + r]) = f.x[r * 16 + c];
+}
+template <typename F>
+void fill_fragment(F& f, float v) { for (auto& e : f.x) e = v; }
+template <typename TA, typename LA, typename TB, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float, void>& d, const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, TB, LB>& b, const fragment<accumulator, 16, 16, 16, float, void>& c) {
+  if (!lane0()) return;
+  float out[256];
+  for (int r = 0; r < 16; ++r)
+    for (int col = 0; col < 16; ++col) {
+      float s = c.x[r * 16 + col];
+      for (int k = 0; k < 16; ++k) s += a.x[r * 16 + k] * b.x[k * 16 + col];
+      out[r * 16 + col] = s;
+    }
+  std::memcpy(d.x, out, sizeof out);
+}
+}  // namespace nvcuda::wmma
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 x) { return x.bits; }
+inline unsigned short __half_as_ushort(__half x) { return x.bits; }
+#ifndef GDN_MOCK_FLOAT4
+#define GDN_MOCK_FLOAT4
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float __expf(float x) { return std::exp(x); }
+#endif
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_barrier[threadIdx.x / 32]->arrive_and_wait(); }
+
+struct alignas(8) float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short b) { return {b}; }
+inline __half __ushort_as_half(unsigned short b) { return {b}; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }

@@ -1,0 +1,316 @@
+// The CUDA path's kernels (src/cuda/prep_kernel.cuh, walk_kernel.cuh, walk_sm90.cuh), compiled for
+// the host and run against the fp64 oracle, with no GPU.
+//
+// tests/emu/fake/ stands in for the CUDA headers and intrinsics the kernels use: one std::thread
+// per GPU thread, __syncthreads as a barrier, and ldmatrix, mma.sync, movmatrix and wgmma
+// exchanging operands through per-warp (per-warpgroup) buffers with the fragment layouts of the
+// PTX ISA. The kernel source itself is the real one, so what this checks is its logic: fragment
+// mappings, shared-memory layouts, tail chunks, sequence bounds, head mappings, strides, options.
+// It cannot see timing, races or anything the hardware does differently from the stand-ins; the
+// GPU suite (tests/gpu) does. Shared memory and the workspace are filled with 0xff first, and
+// every test also checks that the walk never copied workspace bytes the prep kernel did not write.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "mock.h"
+#include "cuda/prep_kernel.cuh"
+#include "cuda/walk_kernel.cuh"
+#include "cuda/walk_sm90.cuh"
+#include "common/test_util.h"
+
+namespace gdnkit::cuda {
+alignas(1024) unsigned char smem_raw[200 * 1024];  // the walk's dynamic shared memory
+alignas(1024) unsigned char smem[200 * 1024];      // the prep kernel's
+}  // namespace gdnkit::cuda
+
+namespace {
+
+using namespace gdnkit;
+using test::Case;
+using test::Errors;
+using test::Spec;
+
+// Runs body once per thread of every CTA of grid, one CTA at a time.
+template <typename F>
+void run_grid(dim3 grid, unsigned threads, F&& body) {
+  gridDim = grid;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        std::memset(cuda::smem_raw, 0xff, sizeof(cuda::smem_raw));
+        std::memset(cuda::smem, 0xff, sizeof(cuda::smem));
+        std::barrier<> block(threads);
+        std::vector<std::unique_ptr<std::barrier<>>> warps;
+        for (unsigned w = 0; w < threads / 32; ++w) {
+          warps.emplace_back(new std::barrier<>(32));
+          g_warp_barrier[w] = warps.back().get();
+        }
+        g_block_barrier = &block;
+        std::barrier<> wg0(128), wg1(128);
+        cuda::g_wg_barrier[0] = &wg0;
+        cuda::g_wg_barrier[1] = &wg1;
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            threadIdx = dim3(t);
+            blockIdx = dim3(x, y, z);
+            body();
+          });
+        for (auto& th : pool) th.join();
+      }
+}
+
+// The prep kernel over every (chunk slot, head), then the walk with policy W (W > 0: mma.sync with
+// W warps; W < 0: wgmma with -W warpgroups), as the CUDA backend launches them.
+template <typename T, int DK, int W>
+void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
+  using Walk = std::conditional_t<(W < 0), cuda::WgmmaWalk<T, DK, (W < 0 ? -W : 1)>,
+                                  cuda::MmaSyncWalk<T, DK, (W > 0 ? W : 1)>>;
+  static_assert(Walk::smem_bytes <= sizeof(cuda::smem_raw));
+  static_assert(cuda::PrepLayout<DK>::total <= sizeof(cuda::smem));
+  const std::int64_t slots = (tokens + cuda::kChunk - 1) / cuda::kChunk + p.num_seqs;
+  std::vector<unsigned char> ws(static_cast<std::size_t>(slots * heads) * cuda::kRecBytes + 256, 0xff);
+  unsigned char* base = ws.data();
+  while (reinterpret_cast<std::uintptr_t>(base) % 128) ++base;
+  p.ws = base;
+  if (tokens > 0)
+    run_grid(dim3(static_cast<unsigned>(slots), static_cast<unsigned>(heads)), cuda::kPrepThreads,
+             [&] { cuda::gdn_prep_kernel<T, DK>(p); });
+  run_grid(grid, Walk::kThreads, [&] { cuda::walk_cta<Walk>(p); });
+}
+
+// Runs case c through the emulated kernels with walk policy w (reduced to one warp, or one
+// warpgroup, where dv does not split that way); returns the instantiation's description.
+std::string run_emulated(Case& c, int w, unsigned zlimit) {
+  const Problem& problem = c.problem;
+  const detail::Shape& s = c.shape;
+  const Tensors t = c.tensors();
+  cuda::ChunkedParams p;
+  p.q = t.q;
+  p.k = t.k;
+  p.v = t.v;
+  p.g = t.g;
+  p.beta = t.beta;
+  p.cu_seqlens = t.cu_seqlens;
+  p.initial_state = t.initial_state;
+  p.o = t.o;
+  p.final_state = t.final_state;
+  p.q_token = s.q.token;
+  p.q_head = s.q.head;
+  p.k_token = s.k.token;
+  p.k_head = s.k.head;
+  p.v_token = s.v.token;
+  p.v_head = s.v.head;
+  p.o_token = s.o.token;
+  p.o_head = s.o.head;
+  p.g_token = s.g.token;
+  p.g_head = s.g.head;
+  p.beta_token = s.beta.token;
+  p.beta_head = s.beta.head;
+  p.num_seqs = s.N;
+  p.uniform_len = s.uniform_len;
+  p.num_heads = s.H;
+  p.q_group = s.q_group;
+  p.k_group = s.k_group;
+  p.v_group = s.v_group;
+  p.dv = s.dv;
+  p.scale = s.scale;
+  p.has_cu_seqlens = problem.has_cu_seqlens;
+  p.cu_seqlens_i64 = problem.cu_seqlens_dtype == DType::i64;
+  p.has_gate = problem.has_gate;
+  p.gate_linear = problem.gate_space == GateSpace::linear;
+  p.has_beta = problem.has_beta;
+  p.beta_dtype = problem.beta_dtype == DType::bf16  ? cuda::kBetaBF16
+                 : problem.beta_dtype == DType::f16 ? cuda::kBetaF16
+                                                    : cuda::kBetaF32;
+  p.has_initial_state = problem.has_initial_state;
+  p.want_final_state = problem.want_final_state;
+  p.state_vk = problem.state_layout == StateLayout::vk;
+  if (s.dv / 16 % (w < 0 ? -4 * w : w)) w = w < 0 ? -1 : 1;
+  const int cols = w < 0 ? -64 * w : 16 * w;
+  const dim3 grid(static_cast<unsigned>(s.dv / cols), static_cast<unsigned>(s.H),
+                  static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), zlimit)));
+  const bool bf16 = problem.qkv_dtype == DType::bf16;
+#define GDNKIT_EMU(TYPE, DK, W)                                                   \
+  if (std::is_same_v<TYPE, __nv_bfloat16> == bf16 && s.dk == DK && w == W) {      \
+    emulate<TYPE, DK, W>(p, grid, s.T, s.H);                                      \
+    return std::string(#TYPE " dk=" #DK " w=" #W);                                \
+  }
+#define GDNKIT_EMU_ALL_W(TYPE, DK)                                                                  \
+  GDNKIT_EMU(TYPE, DK, 1) GDNKIT_EMU(TYPE, DK, 2) GDNKIT_EMU(TYPE, DK, 4) GDNKIT_EMU(TYPE, DK, 8) \
+  GDNKIT_EMU(TYPE, DK, -1) GDNKIT_EMU(TYPE, DK, -2)
+  GDNKIT_EMU_ALL_W(__nv_bfloat16, 128)
+  GDNKIT_EMU_ALL_W(__nv_bfloat16, 64)
+  GDNKIT_EMU_ALL_W(__half, 128)
+  GDNKIT_EMU_ALL_W(__half, 64)
+#undef GDNKIT_EMU_ALL_W
+#undef GDNKIT_EMU
+  ADD_FAILURE() << "no emulated instantiation for dk " << s.dk << ", w " << w;
+  return "none";
+}
+
+// One case against the fp64 oracle, with the GPU suite's tolerances.
+void check(const Spec& spec, int w, unsigned zlimit = 65535) {
+  Case c = test::random_case(spec);
+  const test::Reference ref = test::run_reference(c);
+  const long copies_before = g_ff_copies.load();
+  const std::string kernel = run_emulated(c, w, zlimit);
+  const Errors e = test::compare(c, ref);
+  const double tol = spec.qkv == DType::bf16 ? 2e-2 : 5e-3;
+  SCOPED_TRACE(spec.describe() + " [" + kernel + "]: " + e.str());
+  EXPECT_TRUE(e.issues.empty()) << e.issues;
+  EXPECT_LT(e.o, tol);
+  EXPECT_LT(e.o_worst, 2 * tol);
+  if (spec.final_state) {
+    EXPECT_LT(e.state, tol);
+    EXPECT_LT(e.state_worst, 2 * tol);
+  }
+  EXPECT_EQ(g_ff_copies.load(), copies_before) << "the walk copied workspace bytes the prep kernel never wrote";
+}
+
+TEST(Emulated, ChunkBorders) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (std::int64_t L : {1, 63, 64, 65, 200}) {
+      Spec s;
+      s.lens = {L};
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 128;
+      s.qkv = dt;
+      s.initial_state = true;
+      s.seed = 10 + L;
+      check(s, 2);
+    }
+}
+
+// Every walk policy (1, 2, 4, 8 warps of mma.sync; 1, 2 warpgroups of wgmma) on every head size.
+TEST(Emulated, WalkPoliciesAndHeadDims) {
+  int i = 0;
+  for (int w : {1, 2, 4, 8, -1, -2})
+    for (auto [dk, dv] : {std::pair{64, 64}, {64, 128}, {128, 64}, {128, 128}}) {
+      Spec s;
+      s.lens = {65, 130, 3, 0};
+      s.Hq = s.Hk = s.Hv = 1;
+      s.dk = dk;
+      s.dv = dv;
+      s.initial_state = true;
+      s.layout = i % 2 ? StateLayout::vk : StateLayout::kv;
+      s.qkv = i % 3 ? DType::bf16 : DType::f16;
+      s.seed = 100 + i++;
+      check(s, w);
+    }
+}
+
+TEST(Emulated, HeadMappings) {
+  int i = 0;
+  for (int r : {2, 4})
+    for (bool gqa : {false, true}) {
+      Spec s;
+      s.lens = {70, 0, 129};
+      s.Hq = s.Hk = s.Hv = 1;
+      (gqa ? s.Hq : s.Hv) = r;
+      s.dk = s.dv = 64;
+      s.initial_state = true;
+      s.seed = 200 + i++;
+      check(s, 2);
+    }
+}
+
+// Gates and beta on or off, both gate conventions, initial and final states, both state layouts,
+// beta dtypes and cu_seqlens dtypes.
+TEST(Emulated, Options) {
+  for (int bits = 0; bits < 64; ++bits) {
+    Spec s;
+    s.lens = {70, 0, 5};
+    s.Hq = s.Hk = s.Hv = 1;
+    s.dk = s.dv = 64;
+    s.has_gate = bits & 1;
+    s.has_beta = bits & 2;
+    s.initial_state = bits & 4;
+    s.final_state = bits & 8;
+    s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
+    s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+    s.beta_dtype = bits % 3 == 0 ? DType::f32 : bits % 3 == 1 ? DType::bf16 : DType::f16;
+    s.cu_dtype = bits % 2 ? DType::i64 : DType::i32;
+    s.seed = 300 + bits;
+    check(s, 2);
+  }
+}
+
+TEST(Emulated, SequenceLayouts) {
+  Spec s;
+  s.cu_seqlens = false;
+  s.lens = {65, 65, 65};
+  s.dk = s.dv = 64;
+  s.initial_state = true;
+  s.seed = 500;
+  check(s, 2);  // uniform lengths, no cu_seqlens
+  s.lens = {0, 100, 0, 64, 0};
+  s.cu_seqlens = true;
+  s.in_place = true;
+  s.final_state = true;
+  s.seed = 502;
+  check(s, 2);  // empty sequences between, state updated in place
+  s.lens = {3, 9, 1, 40, 0, 7};
+  s.in_place = false;
+  s.seed = 503;
+  check(s, 2, 2);  // several sequences per CTA (grid z = 2)
+}
+
+TEST(Emulated, Strides) {
+  int i = 0;
+  for (bool fused : {true, false})
+    for (int pad : {0, 8}) {
+      Spec s;
+      s.lens = {130, 0, 17};
+      s.Hq = s.Hk = 2;
+      s.Hv = 4;
+      s.dk = 128;
+      s.dv = 64;
+      s.fused_qkv = fused;
+      s.in_head_pad = pad;
+      s.in_token_pad = 2 * pad + 8;
+      s.o_head_pad = pad;
+      s.o_token_pad = 64 - pad;
+      s.beta_dtype = pad ? DType::bf16 : DType::f32;
+      s.initial_state = true;
+      s.seed = 700 + i++;
+      check(s, 2);
+    }
+}
+
+TEST(Emulated, HardInputs) {
+  Spec s;
+  s.lens = {1500};
+  s.Hq = s.Hk = s.Hv = 1;
+  s.dk = s.dv = 128;
+  s.inputs = test::Inputs::hard;
+  s.seed = 900;
+  check(s, -2);
+  Spec n;
+  n.lens = {700, 300};
+  n.dk = n.dv = 64;
+  n.has_gate = n.has_beta = false;
+  n.seed = 950;
+  check(n, 4);
+}
+
+}  // namespace
+
+// The CUDA backend's host entry points, which the library's planner (src/plan.cpp, compiled into
+// this test) refers to: this build has no CUDA backend.
+#include "cuda/backend.h"
+namespace gdnkit::cuda {
+bool device_available() noexcept { return false; }
+Config plan(const Problem&, const detail::Shape&, const Options&) { throw Error(Error::Kind::unsupported, "memory", "no CUDA backend in the emulation"); }
+void run(const Problem&, const detail::Shape&, const Config&, const Tensors&, void*, Stream) {}
+void copy_to_host(void*, const void*, std::size_t, Stream) {}
+}  // namespace gdnkit::cuda
