@@ -304,45 +304,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   // Nothing to compute and nothing to write.
   if (s.T == 0 && !problem.want_final_state) return;
 
-  ChunkedParams p;
-  p.q = t.q;
-  p.k = t.k;
-  p.v = t.v;
-  p.g = t.g;
-  p.beta = t.beta;
-  p.cu_seqlens = t.cu_seqlens;
-  p.initial_state = t.initial_state;
-  p.o = t.o;
-  p.final_state = t.final_state;
-  p.q_token = s.q.token;
-  p.q_head = s.q.head;
-  p.k_token = s.k.token;
-  p.k_head = s.k.head;
-  p.v_token = s.v.token;
-  p.v_head = s.v.head;
-  p.o_token = s.o.token;
-  p.o_head = s.o.head;
-  p.g_token = s.g.token;
-  p.g_head = s.g.head;
-  p.beta_token = s.beta.token;
-  p.beta_head = s.beta.head;
-  p.num_seqs = s.N;
-  p.uniform_len = s.uniform_len;
-  p.num_heads = s.H;
-  p.q_group = s.q_group;
-  p.k_group = s.k_group;
-  p.v_group = s.v_group;
-  p.dv = s.dv;
-  p.scale = s.scale;
-  p.has_cu_seqlens = problem.has_cu_seqlens;
-  p.cu_seqlens_i64 = problem.cu_seqlens_dtype == DType::i64;
-  p.has_gate = problem.has_gate;
-  p.gate_linear = problem.gate_space == GateSpace::linear;
-  p.has_beta = problem.has_beta;
-  p.beta_dtype = problem.beta_dtype == DType::bf16 ? kBetaBF16 : problem.beta_dtype == DType::f16 ? kBetaF16 : kBetaF32;
-  p.has_initial_state = problem.has_initial_state;
-  p.want_final_state = problem.want_final_state;
-  p.state_vk = problem.state_layout == StateLayout::vk;
+  ChunkedParams p = chunked_params(problem, s, t);
   p.ws = static_cast<unsigned char*>(workspace);
 
   const dim3 grid(static_cast<unsigned>(s.dv / (16 * c.warps)), static_cast<unsigned>(s.H),

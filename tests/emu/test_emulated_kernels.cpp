@@ -93,47 +93,7 @@ std::string run_emulated(Case& c, int w, unsigned zlimit) {
   const Problem& problem = c.problem;
   const detail::Shape& s = c.shape;
   const Tensors t = c.tensors();
-  cuda::ChunkedParams p;
-  p.q = t.q;
-  p.k = t.k;
-  p.v = t.v;
-  p.g = t.g;
-  p.beta = t.beta;
-  p.cu_seqlens = t.cu_seqlens;
-  p.initial_state = t.initial_state;
-  p.o = t.o;
-  p.final_state = t.final_state;
-  p.q_token = s.q.token;
-  p.q_head = s.q.head;
-  p.k_token = s.k.token;
-  p.k_head = s.k.head;
-  p.v_token = s.v.token;
-  p.v_head = s.v.head;
-  p.o_token = s.o.token;
-  p.o_head = s.o.head;
-  p.g_token = s.g.token;
-  p.g_head = s.g.head;
-  p.beta_token = s.beta.token;
-  p.beta_head = s.beta.head;
-  p.num_seqs = s.N;
-  p.uniform_len = s.uniform_len;
-  p.num_heads = s.H;
-  p.q_group = s.q_group;
-  p.k_group = s.k_group;
-  p.v_group = s.v_group;
-  p.dv = s.dv;
-  p.scale = s.scale;
-  p.has_cu_seqlens = problem.has_cu_seqlens;
-  p.cu_seqlens_i64 = problem.cu_seqlens_dtype == DType::i64;
-  p.has_gate = problem.has_gate;
-  p.gate_linear = problem.gate_space == GateSpace::linear;
-  p.has_beta = problem.has_beta;
-  p.beta_dtype = problem.beta_dtype == DType::bf16  ? cuda::kBetaBF16
-                 : problem.beta_dtype == DType::f16 ? cuda::kBetaF16
-                                                    : cuda::kBetaF32;
-  p.has_initial_state = problem.has_initial_state;
-  p.want_final_state = problem.want_final_state;
-  p.state_vk = problem.state_layout == StateLayout::vk;
+  const cuda::ChunkedParams p = cuda::chunked_params(problem, s, t);  // as the CUDA backend launches
   if (s.dv / 16 % (w < 0 ? -4 * w : w)) w = w < 0 ? -1 : 1;
   const int cols = w < 0 ? -64 * w : 16 * w;
   const dim3 grid(static_cast<unsigned>(s.dv / cols), static_cast<unsigned>(s.H),
