@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "cuda/backend.h"
 #include "cuda/chunked.h"
@@ -74,7 +74,8 @@ namespace {
 
 // What the planner reads of a device and of a kernel image on it, once per process and device:
 // attribute and occupancy queries cost about a microsecond each, and a framework binding plans on
-// every call. Entries are only added (under the lock), so references to them stay valid.
+// every call. Entries are only appended, under the lock, to deques (references stay valid). A
+// cudaDeviceReset drops the shared-memory opt-in recorded here: plan in a new process after one.
 struct DeviceInfo {
   int device = -1;
   int cc_major = 0, cc_minor = 0, sm_count = 0, smem_optin = 0;
@@ -87,12 +88,12 @@ struct KernelInfo {
   int ctas_per_sm = 0;
 };
 std::mutex cache_mutex;
-std::vector<DeviceInfo>& device_cache() {
-  static std::vector<DeviceInfo> v;
+std::deque<DeviceInfo>& device_cache() {
+  static std::deque<DeviceInfo> v;
   return v;
 }
-std::vector<KernelInfo>& kernel_cache() {
-  static std::vector<KernelInfo> v;
+std::deque<KernelInfo>& kernel_cache() {
+  static std::deque<KernelInfo> v;
   return v;
 }
 
@@ -124,11 +125,14 @@ KernelInfo& kernel_info_locked(int device, const SplitKernel& k) {
   e.device = device;
   e.kernel = &k;
   cudaFuncAttributes attrs{};
-  if (cudaFuncGetAttributes(&attrs, k.walk_func) == cudaSuccess) {
+  const cudaError_t err = cudaFuncGetAttributes(&attrs, k.walk_func);
+  if (err == cudaSuccess) {
     e.binary_version = attrs.binaryVersion;
     e.ptx_version = attrs.ptxVersion;
+  } else if (err == cudaErrorInvalidDeviceFunction || err == cudaErrorNoKernelImageForDevice) {
+    cudaGetLastError();  // no image of it loads on this device: recorded as version 0
   } else {
-    cudaGetLastError();  // no image loads on this device: recorded as version 0
+    check(err, "cudaFuncGetAttributes");  // anything else is reported, and nothing is cached
   }
   kernel_cache().push_back(e);
   return kernel_cache().back();

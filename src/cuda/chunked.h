@@ -130,8 +130,8 @@ constexpr std::size_t kLowerBytes = std::size_t(lower_block_off(kChunkBlocks)) *
 constexpr std::size_t kRecMtOff = 0;
 constexpr std::size_t kRecMtLoOff = kRecMtOff + kLowerBytes;
 constexpr std::size_t kRecPOff = kRecMtLoOff + kLowerBytes;
-constexpr std::size_t kRecGOff = kRecPOff + kLowerBytes;
-constexpr std::size_t kRecDecOff = kRecGOff + std::size_t(kChunk) * 4;  // kRecGOff: gam
+constexpr std::size_t kRecGamOff = kRecPOff + kLowerBytes;
+constexpr std::size_t kRecDecOff = kRecGamOff + std::size_t(kChunk) * 4;  // dec right after gam (walks rely on it)
 constexpr std::size_t kRecBytes = kRecDecOff + std::size_t(kChunk) * 4;  // 18944, a multiple of 128
 static_assert(kRecBytes % 128 == 0 && kLowerBytes % 128 == 0, "records and their parts stay 128-byte aligned");
 

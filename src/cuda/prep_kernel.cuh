@@ -41,7 +41,7 @@ template <int DK>
 struct PrepLayout {
   static constexpr int C = kChunk;
   static constexpr int LDK = DK + 8;   // +16 bytes per row: ldmatrix rows in distinct bank groups
-  static constexpr int LDA = C + 4;    // fp32; tf32 fragment loads (rows g, columns t) conflict-free
+  static constexpr int LDA = C + 4;    // fp32; tf32 A-fragment loads (rows g, columns t) conflict-free
   static constexpr int LDR = 8;        // the per-warp 16 x 8 scratch
   static constexpr std::size_t k_bytes = std::size_t(C) * LDK * 2;
   static constexpr std::size_t at_bytes = std::size_t(C) * LDA * 4;
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   T* const Mg = reinterpret_cast<T*>(rec + kRecMtOff);
   T* const Mlg = reinterpret_cast<T*>(rec + kRecMtLoOff);
   T* const Pg = reinterpret_cast<T*>(rec + kRecPOff);
-  float* const gam_g = reinterpret_cast<float*>(rec + kRecGOff);
+  float* const gam_g = reinterpret_cast<float*>(rec + kRecGamOff);
   float* const dec_g = reinterpret_cast<float*>(rec + kRecDecOff);
 
   const T* const qh = static_cast<const T*>(p.q) + static_cast<std::int64_t>(h / p.q_group) * p.q_head;

@@ -70,6 +70,7 @@ struct WalkStage {
   const unsigned char* base;  // the stage (policy-specific layout of K, Q, Mt, P)
   const T* V;                 // [64][LDV], the CTA's DVB columns, padded rows
   const float* gam;           // 64 x exp(G), then 64 x exp(G_last - G) (the record's gam, dec)
+  static_assert(kRecDecOff == kRecGamOff + 4 * kChunk, "dec follows gam");
 };
 
 // mma.sync products: K, Q as padded [64][DK + 8] tiles, Mt hi, Mt lo, P, gam, dec as a verbatim copy of
@@ -119,11 +120,11 @@ struct MmaSyncWalk {
       for (std::size_t off : {kRecMtOff, kRecMtLoOff, kRecPOff})
         load_lower_async<kThreads>(reinterpret_cast<T*>(Rd + off), reinterpret_cast<const T*>(rec + off), nb, tid);
       for (int i = tid; i < kChunk / 2; i += kThreads)  // gam and dec
-        __pipeline_memcpy_async(Rd + kRecGOff + 16 * i, rec + kRecGOff + 16 * i, 16);
+        __pipeline_memcpy_async(Rd + kRecGamOff + 16 * i, rec + kRecGamOff + 16 * i, 16);
     }
   }
   __device__ static WalkStage<T> stage(const unsigned char* base) {
-    return {base, reinterpret_cast<const T*>(base + off_v), reinterpret_cast<const float*>(base + off_rec + kRecGOff)};
+    return {base, reinterpret_cast<const T*>(base + off_v), reinterpret_cast<const float*>(base + off_rec + kRecGamOff)};
   }
 
   // KSt = St K^T and QSt = St Q^T (added to ks, qs).

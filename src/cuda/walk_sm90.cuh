@@ -99,7 +99,7 @@ struct WgmmaWalk {
       }
     }
     for (int i = tid; i < kChunk / 2; i += kThreads)  // gam and dec
-      __pipeline_memcpy_async(stage + off_g + 16 * i, rec + kRecGOff + 16 * i, 16);
+      __pipeline_memcpy_async(stage + off_g + 16 * i, rec + kRecGamOff + 16 * i, 16);
   }
 
   __device__ static WalkStage<T> stage(const unsigned char* base) {

@@ -63,7 +63,8 @@ __device__ __forceinline__ float2 unpack2(std::uint32_t x) {
     return make_float2(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
 }
 
-// e^x as ex2.approx.ftz(x log2(e)): a multiply and one MUFU op, the accuracy of __expf (2 ulp).
+// e^x as ex2.approx.ftz(x log2(e)): a multiply and one MUFU op, the accuracy of __expf (the same
+// two steps; its bound grows with |x| through the rounded product).
 // Results below 2^-126 flush to zero, where __expf spends three more instructions (a compare and
 // two predicated multiplies) on returning a denormal.
 __device__ __forceinline__ float fast_exp(float x) {
