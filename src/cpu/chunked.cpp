@@ -1,4 +1,4 @@
-// CPU backend: the chunked GDN prefill in fp32, fused form (GDN_MATH.md section 2), C = 64.
+// CPU backend: the chunked GDN prefill in fp32, fused form (docs/math.md), C = 64.
 //
 // Per (sequence, output head) item and per chunk of n <= 64 tokens entering with state S (dk x dv):
 //   G = cumsum(g), gam = exp(G), E_ij = exp(G_i - G_j) (i >= j)

@@ -1,4 +1,4 @@
-// The prep kernel of the CUDA path (GDN_MATH.md section 2, fused form): everything about a chunk
+// The prep kernel of the CUDA path (docs/math.md, the chunked form, fused): everything about a chunk
 // that depends only on K, Q, g and beta, computed once per (chunk, head) and fully in parallel.
 //
 // For chunk j of sequence n and output head h it writes one workspace record (layout in chunked.h):

@@ -8,7 +8,10 @@
 //   fp16     the same blocking with every operand and result stored in fp16 and fp32
 //            accumulation (a model of inverting in fp16, as the incumbent SM90 kernel does).
 // The tests print the errors and check that the kernel's scheme is at least as accurate as fp32
-// forward substitution, and that the measure separates it from the fp16 model.
+// forward substitution, and that the measure separates it from the fp16 model. This is a model:
+// it sums each element's three products before accumulating in IEEE fp32, where the kernel issues
+// the three tf32 MMAs one after another and the tensor cores accumulate in their own order; the
+// kernel itself is checked end to end against fp64 by the GPU and emulated suites.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -193,7 +196,6 @@ MeanErrors measure(bool hard, int chunks, std::uint64_t seed) {
 TEST(Inverse, KernelSchemeMatchesFp32ForwardSubstitution) {
   for (bool hard : {false, true}) {
     const MeanErrors m = measure(hard, 24, hard ? 11 : 7);
-    EXPECT_GT(m.fs32, 0.0);
     EXPECT_LE(m.tf32x3, 1.1 * m.fs32) << (hard ? "hard" : "realistic");
     EXPECT_GT(m.half, 8.0 * m.fs32) << "the fp16 model should be clearly less accurate";
   }

@@ -73,11 +73,10 @@ inline std::uint32_t movmatrix_trans(std::uint32_t v) {
   wbar();
   return out;
 }
-inline std::uint32_t tf32_round(float x) {
-  std::uint32_t u; std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;  // ties away from zero on the magnitude
-  u &= 0xffffe000u;
-  return u;
+inline std::uint32_t tf32_round(float x) {  // the kernels' formula (src/cuda/mma_sm80.cuh), verbatim
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return (u + 0x1000u) & 0xffffe000u;
 }
 inline float bitsf(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline void mma1688_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
