@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 #include "common/half.h"
 
 #define __global__
@@ -63,19 +64,42 @@ inline float tofl(__half x) { return __half2float(x); }
 inline float tofl(float x) { return x; }
 
 #include <atomic>
-inline std::atomic<long> g_ff_copies{0};
+inline std::atomic<long> g_ff_copies{0};  // copies whose source bytes were all 0xff (never written)
+
+// cp.async as the hardware allows it to behave: a copy lands only when a __pipeline_wait_prior
+// retires its commit group, so a kernel that reads shared memory before waiting reads stale bytes
+// here (shared memory starts as 0xff) and fails its test. Sources are read at issue.
+struct AsyncCopy {
+  void* dst;
+  std::vector<unsigned char> bytes;
+};
+struct AsyncCopies {
+  std::vector<AsyncCopy> open;                  // issued since the last commit
+  std::vector<std::vector<AsyncCopy>> groups;   // committed, oldest first
+};
+inline thread_local AsyncCopies g_async;
+
 inline void __pipeline_memcpy_async(void* dst, const void* src, std::size_t n, std::size_t = 0) {
   if ((reinterpret_cast<std::uintptr_t>(dst) % 16) || (reinterpret_cast<std::uintptr_t>(src) % 16)) {
     std::fprintf(stderr, "misaligned cp.async\n");
     std::abort();
   }
-  std::memcpy(dst, src, n);
+  const unsigned char* s = static_cast<const unsigned char*>(src);
   bool all_ff = true;
-  for (std::size_t i = 0; i < n; ++i) all_ff = all_ff && static_cast<const unsigned char*>(src)[i] == 0xff;
+  for (std::size_t i = 0; i < n; ++i) all_ff = all_ff && s[i] == 0xff;
   if (all_ff) g_ff_copies.fetch_add(1);
+  g_async.open.push_back({dst, std::vector<unsigned char>(s, s + n)});
 }
-inline void __pipeline_commit() {}
-inline void __pipeline_wait_prior(std::size_t) {}
+inline void __pipeline_commit() {
+  g_async.groups.push_back(std::move(g_async.open));
+  g_async.open.clear();
+}
+inline void __pipeline_wait_prior(std::size_t pending) {
+  while (g_async.groups.size() > pending) {
+    for (const AsyncCopy& c : g_async.groups.front()) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+    g_async.groups.erase(g_async.groups.begin());
+  }
+}
 
 namespace nvcuda::wmma {
 struct matrix_a {};
