@@ -528,6 +528,37 @@ struct SweepChoices {
   std::vector<int> in_head_pad, in_token_pad, o_head_pad, o_token_pad;
 };
 
+// The option flags of an "all options" case from six bits: gate, beta, initial state, final state,
+// linear gate space, [dv, dk] state layout (every suite runs all 64 combinations).
+inline void set_option_bits(Spec& s, int bits) {
+  s.has_gate = bits & 1;
+  s.has_beta = bits & 2;
+  s.initial_state = bits & 4;
+  s.final_state = bits & 8;
+  s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
+  s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+}
+
+// A varlen case (an empty sequence among them) whose q, k, v are slices of one fused projection
+// buffer or separate, with head and token strides padded by `pad` elements, and o padded too.
+inline Spec strides_spec(bool fused, int pad, std::uint64_t seed) {
+  Spec s;
+  s.lens = {130, 0, 17};
+  s.Hq = s.Hk = 2;
+  s.Hv = 4;
+  s.dk = 128;
+  s.dv = 64;
+  s.fused_qkv = fused;
+  s.in_head_pad = pad;
+  s.in_token_pad = 2 * pad + 8;
+  s.o_head_pad = pad;
+  s.o_token_pad = 64 - pad;
+  s.beta_dtype = pad == 8 ? DType::bf16 : DType::f32;
+  s.initial_state = true;
+  s.seed = seed;
+  return s;
+}
+
 // A random case whose oracle costs at most ~budget multiply-adds of T * H * dk * dv.
 inline Spec random_spec(std::uint64_t seed, double budget, const SweepChoices& c) {
   std::mt19937_64 rng(seed);

@@ -174,12 +174,7 @@ TEST(ChunkedCpu, AllOptions) {
     s.Hq = s.Hk = 1;
     s.Hv = 2;
     s.dk = s.dv = 32;
-    s.has_gate = bits & 1;
-    s.has_beta = bits & 2;
-    s.initial_state = bits & 4;
-    s.final_state = bits & 8;
-    s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
-    s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+    test::set_option_bits(s, bits);
     s.seed = 300 + i++;
     check_case(s);
   }

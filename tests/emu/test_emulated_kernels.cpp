@@ -193,12 +193,7 @@ TEST(Emulated, Options) {
     s.lens = {70, 0, 5};
     s.Hq = s.Hk = s.Hv = 1;
     s.dk = s.dv = 64;
-    s.has_gate = bits & 1;
-    s.has_beta = bits & 2;
-    s.initial_state = bits & 4;
-    s.final_state = bits & 8;
-    s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
-    s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+    test::set_option_bits(s, bits);
     s.beta_dtype = bits % 3 == 0 ? DType::f32 : bits % 3 == 1 ? DType::bf16 : DType::f16;
     s.cu_dtype = bits % 2 ? DType::i64 : DType::i32;
     s.seed = 300 + bits;
@@ -230,21 +225,7 @@ TEST(Emulated, Strides) {
   int i = 0;
   for (bool fused : {true, false})
     for (int pad : {0, 8}) {
-      Spec s;
-      s.lens = {130, 0, 17};
-      s.Hq = s.Hk = 2;
-      s.Hv = 4;
-      s.dk = 128;
-      s.dv = 64;
-      s.fused_qkv = fused;
-      s.in_head_pad = pad;
-      s.in_token_pad = 2 * pad + 8;
-      s.o_head_pad = pad;
-      s.o_token_pad = 64 - pad;
-      s.beta_dtype = pad ? DType::bf16 : DType::f32;
-      s.initial_state = true;
-      s.seed = 700 + i++;
-      check(s, 2);
+      check(test::strides_spec(fused, pad, 700 + i++), 2);
     }
 }
 

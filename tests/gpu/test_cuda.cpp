@@ -177,12 +177,7 @@ TEST_F(Cuda, AllOptions) {
     s.Hq = s.Hk = 1;
     s.Hv = 2;
     s.dk = s.dv = 64;
-    s.has_gate = bits & 1;
-    s.has_beta = bits & 2;
-    s.initial_state = bits & 4;
-    s.final_state = bits & 8;
-    s.gate_space = bits & 16 ? GateSpace::linear : GateSpace::log;
-    s.layout = bits & 32 ? StateLayout::vk : StateLayout::kv;
+    test::set_option_bits(s, bits);
     s.seed = 300 + i++;
     check_case(s, "options bits=" + std::to_string(bits));
   }
@@ -267,20 +262,7 @@ TEST_F(Cuda, Strides) {
   int i = 0;
   for (bool fused : {true, false})
     for (int pad : {0, 8, 16}) {
-      Spec s;
-      s.lens = {130, 0, 17};
-      s.Hq = s.Hk = 2;
-      s.Hv = 4;
-      s.dk = 128;
-      s.dv = 64;
-      s.fused_qkv = fused;
-      s.in_head_pad = pad;
-      s.in_token_pad = 2 * pad + 8;
-      s.o_head_pad = pad;
-      s.o_token_pad = 64 - pad;
-      s.beta_dtype = pad == 8 ? DType::bf16 : DType::f32;
-      s.initial_state = true;
-      s.seed = 700 + i++;
+      const Spec s = test::strides_spec(fused, pad, 700 + i++);
       check_case(s, std::string("strides fused=") + (fused ? "1" : "0") + " pad=" + std::to_string(pad));
     }
 }
