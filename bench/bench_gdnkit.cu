@@ -100,7 +100,7 @@ struct InputSet {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string rows_path = "bench/rows.json", only;
+  std::string rows_path = "bench/rows.json", only, kernels;
   bool json = false;
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
@@ -108,9 +108,12 @@ int main(int argc, char** argv) {
     if (a == "--rows" && i + 1 < argc) rows_path = argv[++i];
     else if (a == "--only" && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--kernels" && i + 1 < argc) kernels = argv[++i];
     else if (a == "--json") json = true;
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--json]\n");
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--json]\n"
+                           "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
+                           "             planner's choice, side by side; rows a kernel cannot run are skipped\n");
       return 2;
     }
   }
@@ -134,7 +137,22 @@ int main(int argc, char** argv) {
     p.head_dim_k = row.dk, p.head_dim_v = row.dv;
     const int H = std::max(row.hq, row.hv);
     const long long T = p.total_tokens;
-    const gdnkit::Plan plan = gdnkit::Plan::create(p);
+    // The planner's choice, or each kernel of --kernels that accepts the row.
+    std::vector<gdnkit::Plan> plans;
+    if (kernels.empty()) plans.push_back(gdnkit::Plan::create(p));
+    for (std::size_t b = 0; b < kernels.size();) {
+      std::size_t e = kernels.find(',', b);
+      if (e == std::string::npos) e = kernels.size();
+      const std::string name = kernels.substr(b, e - b);
+      b = e + 1;
+      gdnkit::Options o;
+      o.kernel = name.c_str();
+      try {
+        plans.push_back(gdnkit::Plan::create(p, o));
+      } catch (const gdnkit::Error& err) {
+        if (!json) std::printf("%-38s skipped %s: %s\n", row.name.c_str(), name.c_str(), err.what());
+      }
+    }
 
     const long long nq = T * row.hq * row.dk, nk = T * row.hk * row.dk, nv = T * row.hv * row.dv, no = T * H * row.dv;
     const long long set_bytes = 2 * (nq + nk + nv + no) + 8 * T * H;
@@ -154,45 +172,48 @@ int main(int argc, char** argv) {
     void* cu = nullptr;
     check(cudaMalloc(&cu, cu_host.size() * 4), "malloc");
     check(cudaMemcpy(cu, cu_host.data(), cu_host.size() * 4, cudaMemcpyHostToDevice), "copy");
-    void* ws = nullptr;
-    check(cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 256)), "malloc");
-    auto tensors = [&](const InputSet& x) {
-      gdnkit::Tensors t;
-      t.q = x.q, t.k = x.k, t.v = x.v, t.o = x.o, t.g = x.g, t.beta = x.beta, t.cu_seqlens = cu;
-      return t;
-    };
-    for (int w = 0; w < 3; ++w)
-      for (const auto& x : sets) plan.run(tensors(x), ws, plan.workspace_bytes(), stream);
-    check(cudaStreamSynchronize(stream), "warm-up");
+    for (const gdnkit::Plan& plan : plans) {
+      void* ws = nullptr;
+      check(cudaMalloc(&ws, std::max<std::size_t>(plan.workspace_bytes(), 256)), "malloc");
+      auto tensors = [&](const InputSet& x) {
+        gdnkit::Tensors t;
+        t.q = x.q, t.k = x.k, t.v = x.v, t.o = x.o, t.g = x.g, t.beta = x.beta, t.cu_seqlens = cu;
+        return t;
+      };
+      for (int w = 0; w < 3; ++w)
+        for (const auto& x : sets) plan.run(tensors(x), ws, plan.workspace_bytes(), stream);
+      check(cudaStreamSynchronize(stream), "warm-up");
 
-    cudaEvent_t e0, e1;
-    check(cudaEventCreate(&e0), "event"), check(cudaEventCreate(&e1), "event");
-    std::vector<double> dev, host;
-    const int per_rep = std::max(nsets, 4);
-    for (int r = 0; r < reps; ++r) {
-      check(cudaEventRecord(e0, stream), "event");
-      for (int i = 0; i < per_rep; ++i) {
-        const auto h0 = std::chrono::steady_clock::now();
-        plan.run(tensors(sets[i % nsets]), ws, plan.workspace_bytes(), stream);
-        host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+      cudaEvent_t e0, e1;
+      check(cudaEventCreate(&e0), "event"), check(cudaEventCreate(&e1), "event");
+      std::vector<double> dev, host;
+      const int per_rep = std::max(nsets, 4);
+      for (int r = 0; r < reps; ++r) {
+        check(cudaEventRecord(e0, stream), "event");
+        for (int i = 0; i < per_rep; ++i) {
+          const auto h0 = std::chrono::steady_clock::now();
+          plan.run(tensors(sets[i % nsets]), ws, plan.workspace_bytes(), stream);
+          host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+        }
+        check(cudaEventRecord(e1, stream), "event");
+        check(cudaEventSynchronize(e1), "run");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, e0, e1), "event");
+        dev.push_back(ms / per_rep);
       }
-      check(cudaEventRecord(e1, stream), "event");
-      check(cudaEventSynchronize(e1), "run");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, e0, e1), "event");
-      dev.push_back(ms / per_rep);
+      const double device_ms = median(dev), host_us = median(host);
+      if (json)
+        std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\"}\n",
+                    row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
+      else
+        std::printf("%-38s %8lld %10.4f %10.2f %s\n", row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
+      std::fflush(stdout);
+      cudaFree(ws), cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
-    const double device_ms = median(dev), host_us = median(host);
-    if (json)
-      std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\"}\n",
-                  row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
-    else
-      std::printf("%-38s %8lld %10.4f %10.2f %s\n", row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
-    std::fflush(stdout);
     for (auto& x : sets) {
       for (void* ptr : {x.q, x.k, x.v, x.o, static_cast<void*>(x.g), static_cast<void*>(x.beta)}) cudaFree(ptr);
     }
-    cudaFree(cu), cudaFree(ws), cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(cu);
   }
   cudaStreamDestroy(stream);
   return 0;
