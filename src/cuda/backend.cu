@@ -285,6 +285,9 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
     z = std::min<std::int64_t>(z, std::max<std::int64_t>(1, (slots + xy - 1) / xy));
   }
   c.walk_z = static_cast<int>(z);
+  // A CTA per sequence: start the longest walks first, so that the short ones fill in at the end
+  // (packed batches of uneven lengths; the ranking costs each CTA a pass over N lengths).
+  c.longest_first = problem.has_cu_seqlens && s.N >= 3 && s.N <= kLongestFirstMaxSeqs && z == s.N;
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
   c.workspace = static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
@@ -310,6 +313,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
 
   ChunkedParams p = chunked_params(problem, s, t);
   p.ws = static_cast<unsigned char*>(workspace);
+  p.longest_first = c.longest_first;
 
   const dim3 grid(static_cast<unsigned>(s.dv / (16 * c.warps)), static_cast<unsigned>(s.H),
                   static_cast<unsigned>(c.walk_z));

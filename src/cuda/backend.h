@@ -22,6 +22,7 @@ struct Config {
   std::int64_t slots = 0;                  // chunk slots in the workspace, ceil(T / 64) + N
   int warps = 0;                           // walk warps per CTA (16 value columns each)
   int walk_z = 1;                          // walk grid z (sequences are strided over it)
+  bool longest_first = false;              // walk CTAs take sequences longest first (ChunkedParams)
   std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
 };

@@ -15,6 +15,10 @@ namespace gdnkit::cuda {
 
 constexpr int kChunk = 64;     // tokens per chunk (C)
 constexpr int kPrepThreads = 128;  // threads per prep CTA (4 warps); a walk CTA has 32 x warps
+// Batches of up to this many sequences are walked longest first (ChunkedParams::longest_first);
+// the walk ranks them in shared memory (kWalkOrderBytes after the policy's stages).
+constexpr int kLongestFirstMaxSeqs = 64;
+constexpr std::size_t kWalkOrderBytes = 2 * 4 * kLongestFirstMaxSeqs;
 
 // Everything the kernel reads, resolved on the host. Strides are in elements. Pointers are the
 // caller's; the kernel never writes through an input pointer.
@@ -53,6 +57,10 @@ struct ChunkedParams {
   bool has_initial_state = false;
   bool want_final_state = false;
   bool state_vk = false;     // state layout [dv, dk] instead of [dk, dv]
+  // Walk CTAs take sequences in order of decreasing length (the hardware starts CTAs in blockIdx
+  // order, so long walks start first and short ones fill in: the longest-first list schedule).
+  // Only with cu_seqlens and num_seqs <= kLongestFirstMaxSeqs.
+  bool longest_first = false;
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;

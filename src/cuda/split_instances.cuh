@@ -24,7 +24,7 @@ cudaError_t launch_split(const ChunkedParams& params, dim3 prep_grid, dim3 walk_
     if (err != cudaSuccess) return err;
   }
   return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_walk_kernel<W>), walk_grid, dim3(W::kThreads), args,
-                          W::smem_bytes, stream);
+                          walk_smem_bytes<W>(), stream);
 }
 
 template <class W>
@@ -35,7 +35,7 @@ constexpr SplitKernel split_entry(const char* name, DType dtype) {
                      W::kThreads / 32,
                      W::kSm90a,
                      PrepLayout<W::DK>::total,
-                     W::smem_bytes,
+                     walk_smem_bytes<W>(),
                      reinterpret_cast<const void*>(&gdn_prep_kernel<typename W::T, W::DK>),
                      reinterpret_cast<const void*>(&gdn_walk_kernel<W>),
                      &launch_split<W>};

@@ -25,13 +25,15 @@
 // A CTA covers DVB = 16 x warps value columns of one head and shares the staging of K, Q, V, the
 // record: two stages, the next chunk's copies (cp.async) in flight while the current one is
 // computed, one CTA barrier per chunk. blockIdx.z strides over sequences, and the pipeline runs
-// across sequence boundaries too (short sequences overlap their loads).
+// across sequence boundaries too (short sequences overlap their loads). With
+// ChunkedParams::longest_first the CTAs take the sequences longest first.
 //
 // The five products come from a staging policy: MmaSyncWalk (here; sm_80+: ldmatrix + mma.sync,
 // every warp reading its B operands itself) or WgmmaWalk (walk_sm90.cuh; sm_90a: wgmma, one read
-// of each B operand per warpgroup through 128-byte-swizzled shared memory). Both keep the same
-// registers (St, KSt, QSt, Vnt: the accumulator layouts coincide), so the element-wise steps, the
-// output store and the pipeline below are shared.
+// of each B operand per warpgroup through 128-byte-swizzled shared memory), in two calls per step
+// (kq_vn, out_state) so that an asynchronous policy can wait only where a result is needed. Both
+// keep the same registers (St, KSt, QSt, Vnt: the accumulator layouts coincide), so the
+// element-wise steps, the output store and the pipeline below are shared.
 // Only the 16-row blocks that hold valid rows are touched (nb = ceil(nrows / 16)); rows in
 // [nrows, 16 nb) are zero in K, Q, V, Mt and P, so they stay zero through every product.
 #pragma once
@@ -206,11 +208,37 @@ struct MmaSyncWalk {
       }
     }
   }
+
+  // The step's two calls (walk_chunk): mma.sync is synchronous, so they are the products in order.
+  template <int NB, class MakeX>
+  __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn_acc)[2 * NB][4],
+                               const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,
+                               const WalkStage<T>& S, const WalkLane& l) {
+    if (!zero_state) kq<NB>(ks, qs, st, S, l);
+    std::uint32_t xa[NB][4];
+    make_x(xa);
+#pragma unroll
+    for (int i = 0; i < 2 * NB; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) vn_acc[i][e] = 0.0f;
+    vn<NB>(vn_acc, xa, S, l);
+  }
+  template <int NB, class StoreO, class Decay>
+  __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
+                                   std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
+                                   const WalkStage<T>& S, const WalkLane& l) {
+    out<NB>(qs, na, S, l);
+    store_o();
+    decay_state();
+    state<NB>(st, da, S, l);
+  }
 };
 
 // One chunk step for one warp's 16 value columns, the chunk holding NB 16-row blocks (rows past
 // nrows are zero). Updates st in place and stores rows [0, nrows) of O at orow0 (row 0 of the
-// chunk, this warp's first column). The products come from the policy W.
+// chunk, this warp's first column). The products come from the policy W, in two calls that let it
+// overlap what does not depend on each other: kq_vn (K S and Q S, then Xt, then Vn; Q S is needed
+// only later) and out_state (P Vn into O and Vd K into S', the O store between them).
 template <class W, int NB>
 __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
                                            const WalkLane& l, bool zero_state, int nrows, float scale,
@@ -220,41 +248,35 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   const int t = l.t;
 
   // KSt = St K^T and QSt = St Q^T; tile i covers chunk rows [8 i, 8 i + 8).
-  float ks[2 * NB][4], qs[2 * NB][4];
+  float ks[2 * NB][4], qs[2 * NB][4], vn[2 * NB][4];
 #pragma unroll
   for (int i = 0; i < 2 * NB; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) ks[i][e] = qs[i][e] = 0.0f;
-  if (!zero_state) W::template kq<NB>(ks, qs, st, S, l);
 
   // Xt = Vt - KSt diag(gam), as A fragments (xa[rb]: chunk rows [16 rb, 16 rb + 16)).
-  std::uint32_t xa[NB][4];
+  auto make_x = [&](std::uint32_t (&xa)[NB][4]) {
 #pragma unroll
-  for (int rb = 0; rb < NB; ++rb) {
-    std::uint32_t vv[4];  // Vt in the C layout of tiles 2 rb (vv[0], vv[1]) and 2 rb + 1 (vv[2], vv[3])
-    ldsm_x4_trans(vv, S.V + (16 * rb + l.rows_r) * LDV + l.cw + l.rows_c);
-    float x[2][4];
+    for (int rb = 0; rb < NB; ++rb) {
+      std::uint32_t vv[4];  // Vt in the C layout of tiles 2 rb (vv[0], vv[1]) and 2 rb + 1 (vv[2], vv[3])
+      ldsm_x4_trans(vv, S.V + (16 * rb + l.rows_r) * LDV + l.cw + l.rows_c);
+      float x[2][4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 2 * rb + half;
-      const float2 gm = *reinterpret_cast<const float2*>(S.gam + 8 * i + 2 * t);
-      const float gam0 = gm.x, gam1 = gm.y;
-      const float2 va = unpack2<T>(vv[2 * half]), vb = unpack2<T>(vv[2 * half + 1]);
-      x[half][0] = va.x - gam0 * ks[i][0];
-      x[half][1] = va.y - gam1 * ks[i][1];
-      x[half][2] = vb.x - gam0 * ks[i][2];
-      x[half][3] = vb.y - gam1 * ks[i][3];
+      for (int half = 0; half < 2; ++half) {
+        const int i = 2 * rb + half;
+        const float2 gm = *reinterpret_cast<const float2*>(S.gam + 8 * i + 2 * t);
+        const float gam0 = gm.x, gam1 = gm.y;
+        const float2 va = unpack2<T>(vv[2 * half]), vb = unpack2<T>(vv[2 * half + 1]);
+        x[half][0] = va.x - gam0 * ks[i][0];
+        x[half][1] = va.y - gam1 * ks[i][1];
+        x[half][2] = vb.x - gam0 * ks[i][2];
+        x[half][3] = vb.y - gam1 * ks[i][3];
+      }
+      to_a_frag<T>(xa[rb], x[0], x[1]);
     }
-    to_a_frag<T>(xa[rb], x[0], x[1]);
-  }
-
+  };
   // Vnt = Xt Mt^T.
-  float vn[2 * NB][4];
-#pragma unroll
-  for (int i = 0; i < 2 * NB; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) vn[i][e] = 0.0f;
-  W::template vn<NB>(vn, xa, S, l);
+  W::template kq_vn<NB>(ks, qs, vn, st, zero_state, make_x, S, l);
 
   // Ot = QSt diag(scale gam) + Vnt P^T; Vnt and Vnt diag(exp(G_last - G)) as A fragments.
   std::uint32_t na[NB][4], da[NB][4];
@@ -280,28 +302,52 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     to_a_frag<T>(na[rb], vn[2 * rb], vn[2 * rb + 1]);
     to_a_frag<T>(da[rb], d[0], d[1]);
   }
-  W::template out<NB>(qs, na, S, l);
+  // St' = gam_last St + (Vnt diag(exp(G_last - G))) K.
+  auto decay_state = [&] {
+    const float gam_last = S.gam[kChunk - 1];
+#pragma unroll
+    for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[j][e] *= gam_last;
+  };
   // Tile i is Ot[c][r] for r in [8 i, 8 i + 8); transposed, the lane holds O[8 i + g][2t, 2t+1]
   // (first word: columns cw + 2t, second: cw + 8 + 2t).
+  auto store_o = [&] {
 #pragma unroll
-  for (int i = 0; i < 2 * NB; ++i) {
-    const std::uint32_t o0 = movmatrix_trans(pack2<T>(qs[i][0], qs[i][1]));
-    const std::uint32_t o1 = movmatrix_trans(pack2<T>(qs[i][2], qs[i][3]));
-    const int r = 8 * i + l.g;
-    if (r < nrows) {
-      T* const orow = orow0 + r * o_token + 2 * t;
-      *reinterpret_cast<std::uint32_t*>(orow) = o0;
-      *reinterpret_cast<std::uint32_t*>(orow + 8) = o1;
+    for (int i = 0; i < 2 * NB; ++i) {
+      const std::uint32_t o0 = movmatrix_trans(pack2<T>(qs[i][0], qs[i][1]));
+      const std::uint32_t o1 = movmatrix_trans(pack2<T>(qs[i][2], qs[i][3]));
+      const int r = 8 * i + l.g;
+      if (r < nrows) {
+        T* const orow = orow0 + r * o_token + 2 * t;
+        *reinterpret_cast<std::uint32_t*>(orow) = o0;
+        *reinterpret_cast<std::uint32_t*>(orow + 8) = o1;
+      }
     }
-  }
+  };
+  W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
+}
 
-  // St' = gam_last St + (Vnt diag(exp(G_last - G))) K.
-  const float gam_last = S.gam[kChunk - 1];
-#pragma unroll
-  for (int j = 0; j < DK / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st[j][e] *= gam_last;
-  W::template state<NB>(st, da, S, l);
+// Dynamic shared memory of a walk CTA: the policy's stages, then the longest-first order.
+template <class W>
+constexpr std::size_t walk_smem_bytes() {
+  return W::smem_bytes + kWalkOrderBytes;
+}
+
+// order[r] = the sequence of rank r by decreasing length, ties by index (p.longest_first).
+// lens is scratch; both hold kLongestFirstMaxSeqs ints. Ends with a CTA barrier.
+template <int NT>
+__device__ __forceinline__ void rank_longest_first(const ChunkedParams& p, int* order, int* lens, int tid) {
+  const int n_seqs = static_cast<int>(p.num_seqs);
+  for (int n = tid; n < n_seqs; n += NT) lens[n] = static_cast<int>(seq_begin(p, n + 1) - seq_begin(p, n));
+  __syncthreads();
+  for (int n = tid; n < n_seqs; n += NT) {
+    const int len = lens[n];
+    int rank = 0;
+    for (int j = 0; j < n_seqs; ++j) rank += lens[j] > len || (lens[j] == len && j < n);
+    order[rank] = n;
+  }
+  __syncthreads();
 }
 
 // The walk of one CTA; gdn_walk_kernel below is its entry point.
@@ -343,9 +389,16 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
     W::load(smem + s * W::stage_bytes, kh + c0 * p.k_token, p.k_token, qh + c0 * p.q_token, p.q_token,
             vh + c0 * p.v_token, p.v_token, rec, nrows, tid);
   };
-  // First chunk of the first non-empty sequence among n, n + gridDim.z, ...: issues its copies.
-  auto prefetch_from = [&](std::int64_t n, int s) {
-    for (; n < p.num_seqs; n += gridDim.z) {
+  // Sequence i of the CTA's list blockIdx.z, blockIdx.z + gridDim.z, ...: i itself, or the i-th
+  // longest with p.longest_first.
+  int* const order = reinterpret_cast<int*>(smem_raw + W::smem_bytes);
+  if (p.longest_first) rank_longest_first<W::kThreads>(p, order, order + kLongestFirstMaxSeqs, tid);
+  auto seq_at = [&](std::int64_t i) -> std::int64_t { return p.longest_first ? order[i] : i; };
+  // First chunk of the first non-empty sequence among list entries i, i + gridDim.z, ...: issues
+  // its copies.
+  auto prefetch_from = [&](std::int64_t i, int s) {
+    for (; i < p.num_seqs; i += gridDim.z) {
+      const std::int64_t n = seq_at(i);
       const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
       if (eos > bos) {
         load_chunk(s, n, bos, bos, static_cast<int>(eos - bos < C ? eos - bos : C));
@@ -360,7 +413,8 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
   __pipeline_commit();
 
   float st[NKT][4];  // St tiles: st[j] holds columns [8 j, 8 j + 8) of St = S^T
-  for (std::int64_t n = blockIdx.z; n < p.num_seqs; n += gridDim.z) {
+  for (std::int64_t i = blockIdx.z; i < p.num_seqs; i += gridDim.z) {
+    const std::int64_t n = seq_at(i);
     const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
     // St[c][d] = S[d][c]. Element (c, d) of the state sits at c * cs + d * ds: (cs, ds) = (1, dv) in
     // the [dk, dv] layout, (dk, 1) in [dv, dk]. This lane's St elements are columns col, col + 8
@@ -390,7 +444,7 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
       if (c0 + C < eos)
         load_chunk(stage ^ 1, n, bos, c0 + C, static_cast<int>(eos - c0 - C < C ? eos - c0 - C : C));
       else
-        prefetch_from(n + gridDim.z, stage ^ 1);
+        prefetch_from(i + gridDim.z, stage ^ 1);
       __pipeline_commit();
 
       const WalkStage<T> S = W::stage(smem + stage * W::stage_bytes);

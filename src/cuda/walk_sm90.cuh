@@ -13,6 +13,11 @@
 //   Vnt += Xt Mt^T     m64 n(16 NB) k16 x NB x 2 (lo, then hi), B = Mt K-major
 //   Ot  += Vnt P^T     m64 n(16 NB) k16 x NB, B = P K-major
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
+//
+// The step waits only where a result is needed next: K S and Q S go out as two commit groups and
+// Xt is formed once K S retires (Q S still running); P Vn and Vd K go out as two groups and O is
+// stored once P Vn retires (Vd K still running). Three round trips per step instead of four, and
+// one product's latency under element-wise work in two of them.
 #pragma once
 
 #include "cuda/walk_kernel.cuh"
@@ -111,87 +116,90 @@ struct WgmmaWalk {
     return *reinterpret_cast<float (*)[N]>(&x);
   }
 
-  // One batch of wgmma: A fragments and accumulators fenced (so the compiler neither moves their
-  // uses across the batch nor reuses the A registers while it is in flight), then issue(), then
-  // wait for the batch before the caller reads the accumulators.
-  template <int NA, class Issue, class... Acc>
-  __device__ static void batch(std::uint32_t (&a)[NA][4], Issue&& issue, Acc&... acc) {
+  template <int N>
+  __device__ static void fence_all(std::uint32_t (&a)[N][4]) {
 #pragma unroll
-    for (int i = 0; i < NA; ++i) gmma_fence(a[i]);
-    (gmma_fence(acc), ...);
-    gmma_arrive();
-    issue();
-    gmma_commit();
-    gmma_wait_all();
-    (gmma_fence(acc), ...);
-#pragma unroll
-    for (int i = 0; i < NA; ++i) gmma_fence(a[i]);
-  }
-  template <int NB>
-  __device__ static void copy(std::uint32_t (&dst)[NB][4], const std::uint32_t (&src)[NB][4]) {
-#pragma unroll
-    for (int i = 0; i < NB; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dst[i][e] = src[i][e];
+    for (int i = 0; i < N; ++i) gmma_fence(a[i]);
   }
 
-  template <int NB>
-  __device__ static void kq(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], const float (&st)[DK / 8][4],
-                            const WalkStage<T>& S, const WalkLane&) {
-    std::uint32_t a[DK / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(a[kk], st[2 * kk], st[2 * kk + 1]);
+  // K S and Q S in two commit groups, waiting for K S only: Q S runs while the caller forms Xt
+  // (make_x) and is retired together with Xt Mt^T. wgmma reads its A registers (St rounded,
+  // then Xt) until its group retires, so they live in this frame until the last wait.
+  template <int NB, class MakeX>
+  __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn)[2 * NB][4],
+                               const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,
+                               const WalkStage<T>& S, const WalkLane&) {
     float (&kf)[8 * NB] = flat<8 * NB>(ks);
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
-    batch(a, [&] {
-#pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk) {
-        const std::size_t off = (kk / 4) * (kChunk * 128) + (kk % 4) * 32;
-        gmma_rs<T, 16 * NB, false>(kf, a[kk], gmma_desc(S.base + off_k + off, 16, 1024), true);
-        gmma_rs<T, 16 * NB, false>(qf, a[kk], gmma_desc(S.base + off_q + off, 16, 1024), true);
-      }
-    }, kf, qf);
-  }
-
-  template <int NB>
-  __device__ static void vn(float (&vn)[2 * NB][4], const std::uint32_t (&xa)[NB][4], const WalkStage<T>& S,
-                            const WalkLane&) {
     float (&vf)[8 * NB] = flat<8 * NB>(vn);
-    std::uint32_t a[NB][4];
-    copy(a, xa);
-    batch(a, [&] {
+    std::uint32_t sa[DK / 16][4];
+    if (!zero_state) {
 #pragma unroll
-      for (int bj = 0; bj < NB; ++bj) {
-        gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_ml + 32 * bj, 16, 1024), true);
-        gmma_rs<T, 16 * NB, false>(vf, a[bj], gmma_desc(S.base + off_mh + 32 * bj, 16, 1024), true);
-      }
-    }, vf);
+      for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
+      fence_all(sa);
+      gmma_fence(kf);
+      gmma_fence(qf);
+      gmma_arrive();
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk)
+        gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc(S.base + off_k + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk)
+        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc(S.base + off_q + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
+      gmma_commit();
+      gmma_wait<0>();
+      gmma_fence(kf);
+      gmma_fence(qf);
+      fence_all(sa);
+    }
+    std::uint32_t xa[NB][4];
+    make_x(xa);
+#pragma unroll
+    for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
+    fence_all(xa);
+    gmma_fence(vf);
+    gmma_arrive();
+#pragma unroll
+    for (int bj = 0; bj < NB; ++bj) {
+      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.base + off_ml + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.base + off_mh + 32 * bj, 16, 1024), true);
+    }
+    gmma_commit();
+    gmma_wait<0>();
+    gmma_fence(vf);
+    fence_all(xa);
   }
 
-  template <int NB>
-  __device__ static void out(float (&qs)[2 * NB][4], const std::uint32_t (&na)[NB][4], const WalkStage<T>& S,
-                             const WalkLane&) {
+  // P Vn into O, then Vd K into S', in two commit groups: the O store runs while the state
+  // product is in flight.
+  template <int NB, class StoreO, class Decay>
+  __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
+                                   std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
+                                   const WalkStage<T>& S, const WalkLane&) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
-    std::uint32_t a[NB][4];
-    copy(a, na);
-    batch(a, [&] {
-#pragma unroll
-      for (int bj = 0; bj < NB; ++bj)
-        gmma_rs<T, 16 * NB, false>(qf, a[bj], gmma_desc(S.base + off_p + 32 * bj, 16, 1024), true);
-    }, qf);
-  }
-
-  template <int NB>
-  __device__ static void state(float (&st)[DK / 8][4], const std::uint32_t (&da)[NB][4], const WalkStage<T>& S,
-                               const WalkLane&) {
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
-    std::uint32_t a[NB][4];
-    copy(a, da);
-    batch(a, [&] {
+    fence_all(na);
+    gmma_fence(qf);
+    gmma_arrive();
 #pragma unroll
-      for (int rb = 0; rb < NB; ++rb)
-        gmma_rs<T, DK, true>(sf, a[rb], gmma_desc(S.base + off_k + rb * 16 * 128, kChunk * 128, 1024), true);
-    }, sf);
+    for (int bj = 0; bj < NB; ++bj)
+      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc(S.base + off_p + 32 * bj, 16, 1024), true);
+    gmma_commit();
+    decay_state();
+    fence_all(da);
+    gmma_fence(sf);
+    gmma_arrive();
+#pragma unroll
+    for (int rb = 0; rb < NB; ++rb)
+      gmma_rs<T, DK, true>(sf, da[rb], gmma_desc(S.base + off_k + rb * 16 * 128, kChunk * 128, 1024), true);
+    gmma_commit();
+    gmma_wait<1>();
+    gmma_fence(qf);
+    fence_all(na);
+    store_o();
+    gmma_wait<0>();
+    gmma_fence(sf);
+    fence_all(da);
   }
 };
 

@@ -79,6 +79,9 @@ __device__ __forceinline__ void gmma_rs(float (&d)[N / 2], const std::uint32_t (
 
 __device__ __forceinline__ void gmma_arrive() { cute::warpgroup_arrive(); }
 __device__ __forceinline__ void gmma_commit() { cute::warpgroup_commit_batch(); }
+// Waits until at most N of this warpgroup's commit groups are in flight (they retire in order).
+template <int N>
+__device__ __forceinline__ void gmma_wait() { cute::warpgroup_wait<N>(); }
 __device__ __forceinline__ void gmma_wait_all() { cute::warpgroup_wait<0>(); }
 
 // Registers the compiler must treat as read and written here: keeps accumulators and A fragments

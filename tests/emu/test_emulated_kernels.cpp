@@ -74,7 +74,7 @@ template <typename T, int DK, int W>
 void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
   using Walk = std::conditional_t<(W < 0), cuda::WgmmaWalk<T, DK, (W < 0 ? -W : 1)>,
                                   cuda::MmaSyncWalk<T, DK, (W > 0 ? W : 1)>>;
-  static_assert(Walk::smem_bytes <= sizeof(cuda::smem_raw));
+  static_assert(cuda::walk_smem_bytes<Walk>() <= sizeof(cuda::smem_raw));
   static_assert(cuda::PrepLayout<DK>::total <= sizeof(cuda::smem));
   const std::int64_t slots = (tokens + cuda::kChunk - 1) / cuda::kChunk + p.num_seqs;
   std::vector<unsigned char> ws(static_cast<std::size_t>(slots * heads) * cuda::kRecBytes + 256, 0xff);
@@ -89,11 +89,12 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
 
 // Runs case c through the emulated kernels with walk policy w (reduced to one warp, or one
 // warpgroup, where dv does not split that way); returns the instantiation's description.
-std::string run_emulated(Case& c, int w, unsigned zlimit) {
+std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first) {
   const Problem& problem = c.problem;
   const detail::Shape& s = c.shape;
   const Tensors t = c.tensors();
-  const cuda::ChunkedParams p = cuda::chunked_params(problem, s, t);  // as the CUDA backend launches
+  cuda::ChunkedParams p = cuda::chunked_params(problem, s, t);  // as the CUDA backend launches
+  p.longest_first = longest_first;
   while (s.dv / 16 % (w < 0 ? -4 * w : w)) w /= 2;  // the widest policy that divides dv
   const int cols = w < 0 ? -64 * w : 16 * w;
   const dim3 grid(static_cast<unsigned>(s.dv / cols), static_cast<unsigned>(s.H),
@@ -118,11 +119,11 @@ std::string run_emulated(Case& c, int w, unsigned zlimit) {
 }
 
 // One case against the fp64 oracle, with the GPU suite's tolerances.
-void check(const Spec& spec, int w, unsigned zlimit = 65535) {
+void check(const Spec& spec, int w, unsigned zlimit = 65535, bool longest_first = false) {
   Case c = test::random_case(spec);
   const test::Reference ref = test::run_reference(c);
   const long copies_before = g_ff_copies.load();
-  const std::string kernel = run_emulated(c, w, zlimit);
+  const std::string kernel = run_emulated(c, w, zlimit, longest_first) + (longest_first ? " longest first" : "");
   const Errors e = test::compare(c, ref);
   const double tol = spec.qkv == DType::bf16 ? 2e-2 : 5e-3;
   SCOPED_TRACE(spec.describe() + " [" + kernel + "]: " + e.str());
@@ -219,6 +220,29 @@ TEST(Emulated, SequenceLayouts) {
   s.in_place = false;
   s.seed = 503;
   check(s, 2, 2);  // several sequences per CTA (grid z = 2)
+  s.seed = 504;
+  check(s, -1, 65535, true);  // longest first, a CTA per sequence
+  s.seed = 505;
+  check(s, 1, 2, true);       // longest first, several per CTA
+}
+
+// The longest-first order: a permutation, by decreasing length, ties by index.
+TEST(Emulated, LongestFirstOrder) {
+  std::mt19937 rng(77);
+  for (int n_seqs : {1, 3, 17, cuda::kLongestFirstMaxSeqs}) {
+    std::vector<int> cu(1, 0);
+    for (int n = 0; n < n_seqs; ++n) cu.push_back(cu.back() + static_cast<int>(rng() % 5) * 37);  // ties, empties
+    cuda::ChunkedParams p;
+    p.num_seqs = n_seqs;
+    p.cu_seqlens = cu.data();
+    int order[cuda::kLongestFirstMaxSeqs], lens[cuda::kLongestFirstMaxSeqs];
+    std::fill(order, order + n_seqs, -1);
+    run_grid(dim3(1), 64, [&] { cuda::rank_longest_first<64>(p, order, lens, static_cast<int>(threadIdx.x)); });
+    std::vector<int> want(n_seqs);
+    for (int n = 0; n < n_seqs; ++n) want[n] = n;
+    std::stable_sort(want.begin(), want.end(), [&](int a, int b) { return cu[a + 1] - cu[a] > cu[b + 1] - cu[b]; });
+    EXPECT_EQ(std::vector<int>(order, order + n_seqs), want) << n_seqs << " sequences";
+  }
 }
 
 TEST(Emulated, Strides) {
@@ -261,7 +285,7 @@ TEST(Emulated, PrecisionOnRealisticInputs) {
     Case c = test::random_case(s);
     for (std::int64_t i = 0; i < c.state_elems(); ++i) c.init.data()[i] *= 0.1f;
     const test::Reference ref = test::run_reference(c);
-    run_emulated(c, 2, 65535);
+    run_emulated(c, 2, 65535, false);
     const Errors e = test::compare(c, ref);
     o += e.o / 2;
     state += e.state / 2;

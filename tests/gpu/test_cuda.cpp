@@ -233,6 +233,25 @@ TEST_F(Cuda, ManySequences) {
   check_case(s, "N=70000 short seqs");
 }
 
+// A packed batch of uneven lengths with a walk CTA per sequence: the planner walks it longest
+// first (3 to 64 sequences averaging four chunks or more), each CTA ranking the lengths itself.
+TEST_F(Cuda, LongestFirstBatch) {
+  Spec s;
+  s.lens = {300, 2000, 0, 700, 65, 1500, 1, 900, 2000, 64};
+  s.Hq = s.Hk = 2;
+  s.Hv = 4;
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.final_state = true;
+  s.seed = 560;
+  check_case(s, "N=10 uneven, longest first");
+  s.lens.assign(64, 0);
+  for (std::size_t n = 0; n < s.lens.size(); ++n) s.lens[n] = static_cast<std::int64_t>((n * 37) % 11) * 61;
+  s.dk = s.dv = 64;
+  s.seed = 561;
+  check_case(s, "N=64 uneven, longest first");
+}
+
 // Nothing to compute: final state = initial state (or zeros), no o rows.
 TEST_F(Cuda, EmptyProblems) {
   for (bool init : {false, true})

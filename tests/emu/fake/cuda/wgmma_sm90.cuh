@@ -1,7 +1,15 @@
 // Host emulation of wgmma_sm90.cuh: the warpgroup exchanges A fragments and accumulators, and B is
 // read through the descriptor with the canonical 128-byte-swizzled layouts.
+//
+// Asynchrony as the hardware allows it: a product's result lands in its accumulator only when a
+// gmma_wait retires its commit group; until then the accumulator reads as NaN, and the A
+// registers must keep their values (checked when the group retires). So a kernel that reads an
+// accumulator early, or reuses an A fragment of a product in flight, fails its test.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <deque>
+#include <vector>
 #include "cuda/mma_sm80.cuh"
 namespace gdnkit::cuda {
 constexpr std::uint32_t kSwizzleAtomBytes = 1024;
@@ -18,6 +26,26 @@ struct WgX { std::uint32_t a[128][4]; float d[128][64]; };
 inline WgX g_wgx[2];
 inline std::barrier<>* g_wg_barrier[2] = {};
 inline void wgbar() { g_wg_barrier[threadIdx.x / 128]->arrive_and_wait(); }
+struct GmmaPending {
+  float* d;
+  std::vector<float> value;       // the result, written to d when the group retires
+  const std::uint32_t* a;         // the A registers, which must not change until then
+  std::uint32_t a_at_issue[4];
+};
+struct GmmaGroups {
+  std::vector<GmmaPending> open;                 // issued since the last commit
+  std::deque<std::vector<GmmaPending>> groups;   // committed, oldest first
+};
+inline thread_local GmmaGroups g_gmma;
+// The in-flight value of accumulator d (the newest product into it), or nullptr.
+inline const std::vector<float>* gmma_in_flight(const float* d) {
+  for (auto it = g_gmma.open.rbegin(); it != g_gmma.open.rend(); ++it)
+    if (it->d == d) return &it->value;
+  for (auto g = g_gmma.groups.rbegin(); g != g_gmma.groups.rend(); ++g)
+    for (auto it = g->rbegin(); it != g->rend(); ++it)
+      if (it->d == d) return &it->value;
+  return nullptr;
+}
 template <typename T, int N, bool B_MN_MAJOR>
 inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc, bool accumulate) {
   const int wg = threadIdx.x / 128, me = threadIdx.x % 128;
@@ -44,20 +72,41 @@ inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_
     return h2f<T>(v);
   };
   const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
-  float out[N / 2];
+  const std::vector<float>* prior = gmma_in_flight(d);  // chained products accumulate in flight
+  GmmaPending pend{d, std::vector<float>(N / 2), a, {a[0], a[1], a[2], a[3]}};
   for (int j = 0; j < N / 8; ++j)
     for (int e = 0; e < 4; ++e) {
       const int m = 16 * warp + g + 8 * (e / 2), n = 8 * j + 2 * t + e % 2;
-      float s = accumulate ? d[4 * j + e] : 0.0f;
+      float s = accumulate ? (prior ? (*prior)[4 * j + e] : d[4 * j + e]) : 0.0f;
       for (int k = 0; k < 16; ++k) s += A(m, k) * B(k, n);
-      out[4 * j + e] = s;
+      pend.value[4 * j + e] = s;
     }
   wgbar();
-  for (int i = 0; i < N / 2; ++i) d[i] = out[i];
+  for (int i = 0; i < N / 2; ++i) d[i] = std::nanf("");
+  g_gmma.open.push_back(std::move(pend));
 }
 inline void gmma_arrive() {}
-inline void gmma_commit() {}
-inline void gmma_wait_all() {}
+inline void gmma_commit() {
+  g_gmma.groups.push_back(std::move(g_gmma.open));
+  g_gmma.open.clear();
+}
+// Retires all but the newest N commit groups.
+template <int N>
+inline void gmma_wait() {
+  while (static_cast<int>(g_gmma.groups.size()) > N) {
+    const std::vector<GmmaPending> done = std::move(g_gmma.groups.front());
+    g_gmma.groups.pop_front();
+    for (const GmmaPending& p : done) {
+      if (std::memcmp(p.a, p.a_at_issue, sizeof p.a_at_issue) != 0) {
+        std::fprintf(stderr, "wgmma A registers changed while the product was in flight\n");
+        std::abort();
+      }
+      if (gmma_in_flight(p.d) == nullptr)  // a newer product into d still in flight: d stays NaN
+        for (std::size_t i = 0; i < p.value.size(); ++i) p.d[i] = p.value[i];
+    }
+  }
+}
+inline void gmma_wait_all() { gmma_wait<0>(); }
 template <int N> inline void gmma_fence(float (&)[N]) {}
 template <int N> inline void gmma_fence(std::uint32_t (&)[N]) {}
 }  // namespace gdnkit::cuda
