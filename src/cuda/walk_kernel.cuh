@@ -98,6 +98,7 @@ struct MmaSyncWalk {
   static_assert(DK % 16 == 0 && kRecBytes % 128 == 0, "16-wide key tiles, 128-byte aligned stages");
 
   __device__ static void prepare(unsigned char*, int) {}
+  __device__ static void fence_copies() {}  // ldmatrix reads what this thread's copies wrote
 
   // Copies of one chunk (nrows rows from k, q, v; the record rec) into a stage. A tail chunk
   // copies only its nb = ceil(nrows / 16) row blocks and zero-fills K, Q, V rows [nrows, 16 nb).
@@ -236,9 +237,9 @@ struct MmaSyncWalk {
 
 // One chunk step for one warp's 16 value columns, the chunk holding NB 16-row blocks (rows past
 // nrows are zero). Updates st in place and stores rows [0, nrows) of O at orow0 (row 0 of the
-// chunk, this warp's first column). The products come from the policy W, in two calls that let it
-// overlap what does not depend on each other: kq_vn (K S and Q S, then Xt, then Vn; Q S is needed
-// only later) and out_state (P Vn into O and Vd K into S', the O store between them).
+// chunk, this warp's first column). The products come from the policy W, in two calls that let an
+// asynchronous policy wait only where a result is needed: kq_vn (K S and Q S, then Xt, then Vn)
+// and out_state (P Vn into O and Vd K into S', the O store and the decay of St between them).
 template <class W, int NB>
 __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
                                            const WalkLane& l, bool zero_state, int nrows, float scale,
@@ -440,6 +441,7 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
     for (std::int64_t c0 = bos; c0 < eos; c0 += C) {
       const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
       __pipeline_wait_prior(0);
+      W::fence_copies();
       __syncthreads();  // this chunk's stage landed; every warp is done with the other stage
       if (c0 + C < eos)
         load_chunk(stage ^ 1, n, bos, c0 + C, static_cast<int>(eos - c0 - C < C ? eos - c0 - C : C));

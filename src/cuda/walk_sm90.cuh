@@ -14,10 +14,13 @@
 //   Ot  += Vnt P^T     m64 n(16 NB) k16 x NB, B = P K-major
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
 //
-// The step waits only where a result is needed next: K S and Q S go out as two commit groups and
-// Xt is formed once K S retires (Q S still running); P Vn and Vd K go out as two groups and O is
-// stored once P Vn retires (Vd K still running). Three round trips per step instead of four, and
-// one product's latency under element-wise work in two of them.
+// Three waits per step: K S with Q S, then Vn, then P Vn and Vd K as two commit groups, with O
+// stored once P Vn retires while Vd K still runs. (Keeping Q S in flight while Xt is formed would
+// save another, but at dk = 128 the St fragments it reads must then stay live and ptxas
+// serialises every wgmma for want of registers; docs/perf-notes.md, d377ab1.)
+//
+// wgmma reads shared memory through the async proxy: the threads' own writes to the tiles (cp.async
+// copies, zero fills) are fenced to it (gmma_smem_fence) before the barrier that publishes a stage.
 #pragma once
 
 #include "cuda/walk_kernel.cuh"
@@ -58,6 +61,10 @@ struct WgmmaWalk {
             make_uint4(0u, 0u, 0u, 0u);
     }
   }
+
+  // This thread's copies and zero fills (generic proxy), made visible to wgmma (async proxy);
+  // the CTA barrier after it publishes them.
+  __device__ static void fence_copies() { gmma_smem_fence(); }
 
   __device__ static void load(unsigned char* stage, const T* k, std::int64_t k_token, const T* q,
                               std::int64_t q_token, const T* v, std::int64_t v_token, const unsigned char* rec,
@@ -122,9 +129,8 @@ struct WgmmaWalk {
     for (int i = 0; i < N; ++i) gmma_fence(a[i]);
   }
 
-  // K S and Q S in two commit groups, waiting for K S only: Q S runs while the caller forms Xt
-  // (make_x) and is retired together with Xt Mt^T. wgmma reads its A registers (St rounded,
-  // then Xt) until its group retires, so they live in this frame until the last wait.
+  // K S and Q S in one commit group, then Xt (make_x) and Xt Mt^T. wgmma reads its A registers
+  // (St rounded, then Xt) until its group retires, so they live in this frame until its wait.
   template <int NB, class MakeX>
   __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn)[2 * NB][4],
                                const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,

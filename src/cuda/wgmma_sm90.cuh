@@ -79,6 +79,10 @@ __device__ __forceinline__ void gmma_rs(float (&d)[N / 2], const std::uint32_t (
 
 __device__ __forceinline__ void gmma_arrive() { cute::warpgroup_arrive(); }
 __device__ __forceinline__ void gmma_commit() { cute::warpgroup_commit_batch(); }
+// Orders this thread's earlier shared-memory writes (stores, cp.async copies that have landed)
+// before later reads of that memory by wgmma, which reads through the async proxy.
+__device__ __forceinline__ void gmma_smem_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // Waits until at most N of this warpgroup's commit groups are in flight (they retire in order).
 template <int N>
 __device__ __forceinline__ void gmma_wait() { cute::warpgroup_wait<N>(); }

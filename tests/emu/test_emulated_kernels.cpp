@@ -224,6 +224,9 @@ TEST(Emulated, SequenceLayouts) {
   check(s, -1, 65535, true);  // longest first, a CTA per sequence
   s.seed = 505;
   check(s, 1, 2, true);       // longest first, several per CTA
+  s.lens = {130, 300, 65, 0, 200};
+  s.seed = 506;
+  check(s, 2, 2, true);       // longest first, several chunks per sequence, prefetch across them
 }
 
 // The longest-first order: a permutation, by decreasing length, ties by index.

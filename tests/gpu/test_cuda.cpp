@@ -233,8 +233,10 @@ TEST_F(Cuda, ManySequences) {
   check_case(s, "N=70000 short seqs");
 }
 
-// A packed batch of uneven lengths with a walk CTA per sequence: the planner walks it longest
-// first (3 to 64 sequences averaging four chunks or more), each CTA ranking the lengths itself.
+// A packed batch of uneven lengths with a walk CTA per sequence, which the planner walks longest
+// first (3 to 64 sequences with cu_seqlens; it gives each sequence its own CTA when they average
+// four chunks or more, as both batches here do), each CTA ranking the lengths itself. The plan does
+// not report the order; tests/emu checks the ranking itself.
 TEST_F(Cuda, LongestFirstBatch) {
   Spec s;
   s.lens = {300, 2000, 0, 700, 65, 1500, 1, 900, 2000, 64};

@@ -2,9 +2,11 @@
 // read through the descriptor with the canonical 128-byte-swizzled layouts.
 //
 // Asynchrony as the hardware allows it: a product's result lands in its accumulator only when a
-// gmma_wait retires its commit group; until then the accumulator reads as NaN, and the A
-// registers must keep their values (checked when the group retires). So a kernel that reads an
-// accumulator early, or reuses an A fragment of a product in flight, fails its test.
+// gmma_wait retires its commit group; until then the accumulator reads as NaN, and the
+// accumulator and the A registers must keep their values (checked when the group retires). So a
+// kernel that reads an accumulator early, writes it, or reuses an A fragment of a product in
+// flight, fails its test. Not modelled: B is read from shared memory at issue, and the fences
+// (gmma_arrive, gmma_fence, gmma_smem_fence) do nothing here; the GPU suite covers those.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -86,6 +88,7 @@ inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_
   g_gmma.open.push_back(std::move(pend));
 }
 inline void gmma_arrive() {}
+inline void gmma_smem_fence() {}
 inline void gmma_commit() {
   g_gmma.groups.push_back(std::move(g_gmma.open));
   g_gmma.open.clear();
@@ -96,14 +99,20 @@ inline void gmma_wait() {
   while (static_cast<int>(g_gmma.groups.size()) > N) {
     const std::vector<GmmaPending> done = std::move(g_gmma.groups.front());
     g_gmma.groups.pop_front();
-    for (const GmmaPending& p : done) {
+    for (const GmmaPending& p : done) {  // checks first: products of one group may chain on d
       if (std::memcmp(p.a, p.a_at_issue, sizeof p.a_at_issue) != 0) {
         std::fprintf(stderr, "wgmma A registers changed while the product was in flight\n");
         std::abort();
       }
+      for (std::size_t i = 0; i < p.value.size(); ++i)
+        if (!std::isnan(p.d[i])) {
+          std::fprintf(stderr, "wgmma accumulator written while the product was in flight\n");
+          std::abort();
+        }
+    }
+    for (const GmmaPending& p : done)
       if (gmma_in_flight(p.d) == nullptr)  // a newer product into d still in flight: d stays NaN
         for (std::size_t i = 0; i < p.value.size(); ++i) p.d[i] = p.value[i];
-    }
   }
 }
 inline void gmma_wait_all() { gmma_wait<0>(); }
