@@ -98,7 +98,6 @@ struct MmaSyncWalk {
   static_assert(DK % 16 == 0 && kRecBytes % 128 == 0, "16-wide key tiles, 128-byte aligned stages");
 
   __device__ static void prepare(unsigned char*, int) {}
-  __device__ static void fence_copies() {}  // ldmatrix reads what this thread's copies wrote
 
   // Copies of one chunk (nrows rows from k, q, v; the record rec) into a stage. A tail chunk
   // copies only its nb = ceil(nrows / 16) row blocks and zero-fills K, Q, V rows [nrows, 16 nb).
@@ -441,7 +440,6 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
     for (std::int64_t c0 = bos; c0 < eos; c0 += C) {
       const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
       __pipeline_wait_prior(0);
-      W::fence_copies();
       __syncthreads();  // this chunk's stage landed; every warp is done with the other stage
       if (c0 + C < eos)
         load_chunk(stage ^ 1, n, bos, c0 + C, static_cast<int>(eos - c0 - C < C ? eos - c0 - C : C));

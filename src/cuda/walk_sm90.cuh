@@ -19,8 +19,11 @@
 // save another, but at dk = 128 the St fragments it reads must then stay live and ptxas
 // serialises every wgmma for want of registers; docs/perf-notes.md, d377ab1.)
 //
-// wgmma reads shared memory through the async proxy: the threads' own writes to the tiles (cp.async
-// copies, zero fills) are fenced to it (gmma_smem_fence) before the barrier that publishes a stage.
+// wgmma reads shared memory through the async proxy. The zero fills (the upper triangles in
+// prepare, the rows past a tail chunk's end in load) are ordinary stores, so the threads that
+// write them fence them to the async proxy (gmma_smem_fence) before the CTA barrier that publishes
+// the stage. cp.async copies need no such fence (CUTLASS's cp.async + GMMA mainloops have none
+// either); fencing every stage cost 1.8% on fixed-b2-t4096 (docs/perf-notes.md, 61c1023).
 #pragma once
 
 #include "cuda/walk_kernel.cuh"
@@ -60,11 +63,8 @@ struct WgmmaWalk {
         *reinterpret_cast<uint4*>(smem + s * stage_bytes + off_mh + m * m_bytes + swizzle128(i, c)) =
             make_uint4(0u, 0u, 0u, 0u);
     }
+    gmma_smem_fence();
   }
-
-  // This thread's copies and zero fills (generic proxy), made visible to wgmma (async proxy);
-  // the CTA barrier after it publishes them.
-  __device__ static void fence_copies() { gmma_smem_fence(); }
 
   __device__ static void load(unsigned char* stage, const T* k, std::int64_t k_token, const T* q,
                               std::int64_t q_token, const T* v, std::int64_t v_token, const unsigned char* rec,
@@ -112,6 +112,7 @@ struct WgmmaWalk {
     }
     for (int i = tid; i < kChunk / 2; i += kThreads)  // gam and dec
       __pipeline_memcpy_async(stage + off_g + 16 * i, rec + kRecGamOff + 16 * i, 16);
+    if (nrows < kChunk) gmma_smem_fence();  // the zero-filled rows
   }
 
   __device__ static WalkStage<T> stage(const unsigned char* base) {
