@@ -559,6 +559,20 @@ inline Spec strides_spec(bool fused, int pad, std::uint64_t seed) {
   return s;
 }
 
+// The chunk-border case every suite runs for a few lengths L (shorter than, exactly, just over
+// one chunk, several chunks): one sequence, heads 1/1/2, dk = dv = 128, an initial state.
+inline Spec chunk_border_spec(DType qkv, std::int64_t L) {
+  Spec s;
+  s.lens = {L};
+  s.Hq = s.Hk = 1;
+  s.Hv = 2;
+  s.dk = s.dv = 128;
+  s.qkv = qkv;
+  s.initial_state = true;
+  s.seed = 10 + static_cast<std::uint64_t>(L);
+  return s;
+}
+
 // A random case whose oracle costs at most ~budget multiply-adds of T * H * dk * dv.
 inline Spec random_spec(std::uint64_t seed, double budget, const SweepChoices& c) {
   std::mt19937_64 rng(seed);

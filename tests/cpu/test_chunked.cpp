@@ -121,14 +121,7 @@ TEST(ChunkedCpu, RandomSweep) {
 TEST(ChunkedCpu, SequenceLengths) {
   for (DType dt : {DType::bf16, DType::f16})
     for (std::int64_t L : {1, 63, 64, 65, 1000}) {
-      Spec s;
-      s.lens = {L};
-      s.Hq = s.Hk = 1;
-      s.Hv = 2;
-      s.dk = s.dv = 128;
-      s.qkv = dt;
-      s.initial_state = true;
-      s.seed = 10 + L;
+      const Spec s = test::chunk_border_spec(dt, L);
       const Errors e = check_case(s);
       report(("L=" + std::to_string(L) + " realistic 1/1/2 128").c_str(), s, e);
     }

@@ -140,14 +140,7 @@ void check(const Spec& spec, int w, unsigned zlimit = 65535, bool longest_first 
 TEST(Emulated, ChunkBorders) {
   for (DType dt : {DType::bf16, DType::f16})
     for (std::int64_t L : {1, 63, 64, 65, 200}) {
-      Spec s;
-      s.lens = {L};
-      s.Hq = s.Hk = 1;
-      s.Hv = 2;
-      s.dk = s.dv = 128;
-      s.qkv = dt;
-      s.initial_state = true;
-      s.seed = 10 + L;
+      const Spec s = test::chunk_border_spec(dt, L);
       check(s, 2);
     }
 }

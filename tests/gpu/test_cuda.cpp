@@ -122,14 +122,7 @@ TEST_F(Cuda, RandomSweep) {
 TEST_F(Cuda, SequenceLengths) {
   for (DType dt : {DType::bf16, DType::f16})
     for (std::int64_t L : {1, 2, 63, 64, 65, 127, 128, 129, 1000}) {
-      Spec s;
-      s.lens = {L};
-      s.Hq = s.Hk = 1;
-      s.Hv = 2;
-      s.dk = s.dv = 128;
-      s.qkv = dt;
-      s.initial_state = true;
-      s.seed = 10 + L;
+      const Spec s = test::chunk_border_spec(dt, L);
       check_case(s, "L=" + std::to_string(L) + " 1/1/2 128");
     }
 }
