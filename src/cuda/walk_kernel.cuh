@@ -275,7 +275,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
       to_a_frag<T>(xa[rb], x[0], x[1]);
     }
   };
-  // Vnt = Xt Mt^T.
+  // K S and Q S, then Xt, then Vnt = Xt Mt^T.
   W::template kq_vn<NB>(ks, qs, vn, st, zero_state, make_x, S, l);
 
   // Ot = QSt diag(scale gam) + Vnt P^T; Vnt and Vnt diag(exp(G_last - G)) as A fragments.
