@@ -10,7 +10,8 @@
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
 #   PYTEST=0 skips the Python tests of the test stage.
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
-#   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels)
+#   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
+#                                                PROFILE_KERNELS=fused for the fused kernel)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -52,6 +53,11 @@ if has test; then
   rc=$?; [ $rc -ne 0 ] && status=1
   note "gpu tests: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED' "$OUT/gpu_tests.log" | head -20
+  # The same suite with every case the fused kernel takes run on it (tests/gpu/gpu_util.h).
+  GDNKIT_TEST_KERNEL=fused "$BUILD/tests/gdnkit_gpu_tests" >"$OUT/gpu_tests_fused.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "gpu tests, fused kernel: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests_fused.log" | tr '\n' ' ') ($(grep -c 'cuda-fused' "$OUT/gpu_tests_fused.log") cases on it)"
+  grep -E '^\[  FAILED' "$OUT/gpu_tests_fused.log" | head -20
   if [ "${PYTEST:-1}" != 0 ]; then
     PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -s -rs >"$OUT/pytest.log" 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
@@ -70,11 +76,14 @@ fi
 
 if has sanitize; then
   # compute-sanitizer's four tools on the CLI: a mixed varlen batch (empty and 1-token sequences,
-  # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence.
+  # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the
+  # fused kernel required by name on a small and a medium batch.
   for tool in memcheck racecheck synccheck initcheck; do
     for args in "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk" \
                 "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear" \
-                "--lens 300 --heads 1,1,2 --dtype f16"; do
+                "--lens 300 --heads 1,1,2 --dtype f16" \
+                "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk --kernel cuda-fused-sm90-bf16-k128" \
+                "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64"; do
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/gdnkit" $args --repeat 1 --check 1 \
         >"$OUT/sanitizer.log" 2>&1
       rc=$?; [ $rc -ne 0 ] && status=1
@@ -88,7 +97,7 @@ if has profile; then
   # Nsight Compute on one walk and one prep launch of a long single-sequence row (PROFILE_ARGS):
   # the sections as text, and the SASS-level counters summarised (scripts/ncu_hotspots.py).
   args=${PROFILE_ARGS:-"--lens 4096 --heads 64,64,64 --repeat 1 --check 1"}
-  for k in walk prep; do
+  for k in ${PROFILE_KERNELS:-walk prep}; do
     ncu --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy \

@@ -32,6 +32,7 @@ struct Args {
   std::vector<std::int64_t> lens{2900, 2048, 1536, 900, 512, 190, 65, 33};
   int hq = 16, hk = 16, hv = 32, dk = 128, dv = 128;
   std::string backend = "auto";
+  std::string kernel;  // empty: the planner's choice
   std::string dtype = "bf16";
   std::string gate = "log";
   std::string layout = "kv";
@@ -54,6 +55,7 @@ struct Args {
                "  --gate log|linear    gate space (default log)\n"
                "  --layout kv|vk       state layout (default kv)\n"
                "  --backend auto|cpu|cuda\n"
+               "  --kernel NAME        run exactly this CUDA kernel (as the plan names it)\n"
                "  --seed N             input seed (default 1)\n"
                "  --check N            (sequence, head) pairs checked against fp64 (default 6)\n"
                "  --repeat N           timed runs, median reported (default 3 CPU, 50 GPU)\n"
@@ -93,6 +95,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--gate") a.gate = next();
     else if (f == "--layout") a.layout = next();
     else if (f == "--backend") a.backend = next();
+    else if (f == "--kernel") a.kernel = next();
     else if (f == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
     else if (f == "--check") a.check_pairs = std::atoi(next());
     else if (f == "--repeat") a.repeat = std::atoi(next());
@@ -233,6 +236,7 @@ Timing run_cuda(Workload& w, const Args& a) {
   p.memory = gdnkit::Memory::cuda;
   gdnkit::Options opt;
   opt.backend = gdnkit::Backend::cuda;
+  if (!a.kernel.empty()) opt.kernel = a.kernel.c_str();
   const gdnkit::Plan plan = gdnkit::Plan::create(p, opt);
   auto upload = [](const auto& v) {
     void* d = nullptr;
@@ -347,7 +351,8 @@ int main(int argc, char** argv) {
       try {
         timing = run_cuda(w, a);
       } catch (const gdnkit::Error& e) {
-        if (a.backend == "cuda" || e.kind() != gdnkit::Error::Kind::unsupported) throw;
+        // A required kernel is never replaced by another backend.
+        if (a.backend == "cuda" || !a.kernel.empty() || e.kind() != gdnkit::Error::Kind::unsupported) throw;
         note = std::string("CUDA backend declined (") + e.what() + "), ran on the CPU";
         timing = run_cpu(w, a);
       }

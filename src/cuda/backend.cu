@@ -18,6 +18,12 @@ namespace gdnkit::cuda {
 namespace {
 
 using detail::fail;
+
+// Whether the planner picks the fused kernel (from kFusedMinWalksPerSm (sequence, head) walks per
+// SM up). Off: measured on an H200 it is still 2.4x slower than the split path on every benchmark
+// row (docs/perf-notes.md, "Fused kernel, first version"); a caller can require it by name.
+constexpr bool kFusedByDefault = false;
+constexpr std::int64_t kFusedMinWalksPerSm = 1;
 using K = Error::Kind;
 
 std::string str(std::int64_t x) { return std::to_string(x); }
@@ -150,9 +156,11 @@ KernelInfo prepare_kernel(int device, const SplitKernel& k) {
   if (!e.prepared) {
     check(cudaFuncSetAttribute(k.walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.walk_smem)),
           "cudaFuncSetAttribute");
-    check(cudaFuncSetAttribute(k.prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.prep_smem)),
-          "cudaFuncSetAttribute");
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e.ctas_per_sm, k.walk_func, 32 * k.warps, k.walk_smem),
+    if (k.prep_func != nullptr)
+      check(cudaFuncSetAttribute(k.prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(k.prep_smem)),
+            "cudaFuncSetAttribute");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e.ctas_per_sm, k.walk_func, k.threads, k.walk_smem),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     e.prepared = true;
   }
@@ -178,7 +186,7 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
                                    const Config& c, int smem_optin) {
   const SplitKernel* split = nullptr;
   std::string names;
-  for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
+  for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16(), fused_kernels()})
     for (int i = 0; i < list.count; ++i) {
       const SplitKernel& k = list.begin[i];
       if (k.dtype != problem.qkv_dtype || k.dk != s.dk || (s.dv / 16) % k.warps != 0) continue;
@@ -196,6 +204,17 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
   return split;
 }
 
+// The fused kernel (one CTA per (128 value columns, head, sequence list): the prep's work and the
+// walk in one pass, no records in global memory) where the device runs it and the problem has
+// enough walks to fill the SMs; the split path spreads fewer walks over more, smaller CTAs.
+// Measured on an H200: docs/perf-notes.md, "Fused kernel".
+const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin) {
+  const SplitKernel* k = find_fused_kernel(problem.qkv_dtype, s.dk);
+  if (!kFusedByDefault || k == nullptr || s.dv != 128 || !walk_runs_on(*k, c) || !fits(*k, smem_optin)) return nullptr;
+  const std::int64_t walks = s.H * std::max<std::int64_t>(s.N, 1);
+  return walks >= kFusedMinWalksPerSm * c.sm_count ? k : nullptr;
+}
+
 // Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
 // chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
 // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
@@ -204,6 +223,7 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
 // (4 warps) waits out every product and is 20% slower than mma.sync (docs/perf-notes.md).
 // nullptr when nothing fits the device's shared memory.
 const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin) {
+  if (const SplitKernel* fused = choose_fused(problem, s, c, smem_optin)) return fused;
   const std::int64_t cols16 = s.dv / 16;
   const SplitKernel* split = nullptr;
   std::int64_t best_cost = 0;
@@ -290,7 +310,7 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   c.longest_first = problem.has_cu_seqlens && s.N >= 3 && s.N <= kLongestFirstMaxSeqs && z == s.N;
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
-  c.workspace = static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
+  c.workspace = split->fused ? 0 : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
   return c;
 }
 

@@ -155,10 +155,16 @@ struct SplitKernel {
   const void* walk_func;
   // Launches prep (skipped when prep_grid.x == 0) then walk on `stream`.
   cudaError_t (*launch)(const ChunkedParams& params, dim3 prep_grid, dim3 walk_grid, cudaStream_t stream);
+  int threads;               // per walk CTA
+  // The fused kernel (fused_sm90.cuh): no prep kernel and no workspace; walk_func is the whole
+  // call, `warps` counts its state warps (16 value columns each) and `threads` adds its aux warps.
+  bool fused;
 };
 
-// nullptr when no instantiation matches.
+// The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.
 const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a = false);
+// The fused instantiation of (dtype, dk); nullptr when none was built (no CUTLASS headers).
+const SplitKernel* find_fused_kernel(DType dtype, int dk);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {
@@ -167,5 +173,6 @@ struct SplitKernelList {
 };
 SplitKernelList split_kernels_bf16();
 SplitKernelList split_kernels_f16();
+SplitKernelList fused_kernels();  // fused_sm90.cu: every dtype and dk (empty without CUTLASS)
 
 }  // namespace gdnkit::cuda

@@ -16,10 +16,11 @@
 //   1. Gram products on mma.sync (16-bit operands, fp32 accumulators): warp w forms block row 3 - w
 //      of Q K^T and block row w of K K^T, five 16 x 16 tiles each way. P leaves straight from the
 //      accumulators (no shared-memory round trip); A = diag(beta) K K^T goes to shared memory (fp32).
-//   2. The inverse Tu in fp32 arithmetic: warp b inverts diagonal block b by forward substitution;
-//      then block row I (I = 1..3) is Tu_IJ = -Tu_II sum_{J <= M < I} A_IM Tu_MJ, on mma.sync with
-//      tf32 operands split as hi + lo (three products: hi hi + hi lo + lo hi, error ~2^-21 per
-//      product; as accurate as fp32 forward substitution, tests/cpu/test_inverse.cpp).
+//   2. The inverse Tu in fp32 arithmetic (invert_unit_lower, shared with the fused kernel): warp b
+//      inverts diagonal block b by forward substitution; then block row I (I = 1..3) is
+//      Tu_IJ = -Tu_II sum_{J <= M < I} A_IM Tu_MJ, on mma.sync with tf32 operands split as hi + lo
+//      (three products: hi hi + hi lo + lo hi, error ~2^-21 per product; as accurate as fp32
+//      forward substitution, tests/cpu/test_inverse.cpp).
 //   3. Mt as hi + lo from Tu, G and beta.
 #pragma once
 
@@ -163,6 +164,106 @@ __device__ __forceinline__ void mma1688_3xtf32(float (&d)[4], const float* a, in
   mma1688_tf32(d, ah, bh[0], bh[1]);
 }
 
+// The gate of row tid (tid < 64) or the beta of row tid - 64 (64 <= tid < 128) of the chunk at
+// token c0 (nrows valid rows), output head h. Rows past the chunk's end get 0: a neutral gate
+// (exp(0) = 1) and no update. Linear gates are taken to log space.
+__device__ __forceinline__ float load_gate_beta(const ChunkedParams& p, std::int64_t c0, int nrows, int h, int tid) {
+  if (tid < kChunk) {
+    float gv = 0.0f;
+    if (tid < nrows && p.has_gate) {
+      gv = p.g[(c0 + tid) * p.g_token + static_cast<std::int64_t>(h) * p.g_head];
+      if (p.gate_linear) gv = logf(fmaxf(gv, FLT_MIN));
+    }
+    return gv;
+  }
+  const int i = tid - kChunk;
+  if (i >= nrows) return 0.0f;
+  return p.has_beta ? load_beta(p, (c0 + i) * p.beta_token + static_cast<std::int64_t>(h) * p.beta_head) : 1.0f;
+}
+
+// G = inclusive cumsum of the chunk's 64 gates gs, in every lane of the calling warp:
+// ga = G[lane], gb = G[lane + 32].
+__device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& ga, float& gb) {
+  ga = gs[lane];
+  gb = gs[lane + 32];
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const float ta = __shfl_up_sync(0xffffffffu, ga, off);
+    const float tb = __shfl_up_sync(0xffffffffu, gb, off);
+    if (lane >= off) {
+      ga += ta;
+      gb += tb;
+    }
+  }
+  gb += __shfl_sync(0xffffffffu, ga, 31);
+}
+
+// Tu = (I + A)^-1 for the strictly lower A of block rows [0, nb), in fp32 arithmetic, by four
+// warps (warp w of the 128 threads). At (ld LDA) holds A; on return its diagonal blocks hold Tu's
+// and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
+// Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() is a barrier of the four warps; the
+// caller's barrier must separate the writes of A from this call, and this call ends with one.
+//   1. warp b inverts diagonal block b by forward substitution, lane j < 16 solving column j:
+//      x_i = [i == j] - sum_{m < i} A_im x_m (zero above the diagonal);
+//   2. block rows I = 1 .. nb - 1: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, on
+//      mma.sync with tf32 operands split as hi + lo (mma1688_3xtf32). Warp w computes the 8
+//      columns w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1 (w >= 2), which balances
+//      the M sums; R goes through the warp's scratch into B fragments.
+template <int LDA, int LDR, class Sync>
+__device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
+                                                  Sync&& sync) {
+  const int g = lane / 4, t = lane % 4;
+  if (warp < nb) {
+    float* const Ab = At + (16 * warp) * LDA + 16 * warp;
+    float x[16];
+    if (lane < 16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        float s = 0.0f;
+#pragma unroll
+        for (int m = 0; m < i; ++m) s += Ab[i * LDA + m] * x[m];
+        x[i] = (i == lane ? 1.0f : 0.0f) - s;
+      }
+    }
+    __syncwarp();
+    if (lane < 16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) Ab[i * LDA + lane] = x[i];
+    }
+  }
+  sync();
+
+  float* const Rw = Rs + warp * 16 * LDR;
+  const int nt = warp & 1;
+  auto tu_block = [&](int M, int J) -> const float* {  // Tu_MJ, ld LDA
+    return M == J ? At + (16 * M) * LDA + 16 * J : Tl + (16 * M - 16) * LDA + 16 * J;
+  };
+  for (int I = 1; I < nb; ++I) {
+    const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
+    for (int J = j_begin; J < j_end; ++J) {
+      float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int M = J; M < I; ++M) {
+        const float* const a = At + (16 * I) * LDA + 16 * M;
+        const float* const b = tu_block(M, J) + 8 * nt;
+        mma1688_3xtf32(r, a, LDA, b, LDA, g, t);
+        mma1688_3xtf32(r, a + 8, LDA, b + 8 * LDA, LDA, g, t);
+      }
+      *reinterpret_cast<float2*>(Rw + g * LDR + 2 * t) = make_float2(r[0], r[1]);
+      *reinterpret_cast<float2*>(Rw + (g + 8) * LDR + 2 * t) = make_float2(r[2], r[3]);
+      __syncwarp();
+      float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const float* const tii = At + (16 * I) * LDA + 16 * I;
+      mma1688_3xtf32(o, tii, LDA, Rw, LDR, g, t);
+      mma1688_3xtf32(o, tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
+      __syncwarp();  // the scratch is read before the next J overwrites it
+      float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
+      *reinterpret_cast<float2*>(out + g * LDA) = make_float2(-o[0], -o[1]);
+      *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(-o[2], -o[3]);
+    }
+    sync();
+  }
+}
+
 // grid = (ceil(T / 64) + N, H); 128 threads. One (chunk slot, head) per CTA; empty slots exit.
 template <typename T, int DK>
 __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const ChunkedParams p) {
@@ -203,7 +304,6 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int g = lane / 4, t = lane % 4;
   unsigned char* const rec = p.ws + (slot * p.num_heads + h) * kRecBytes;
   T* const Mg = reinterpret_cast<T*>(rec + kRecMtOff);
   T* const Mlg = reinterpret_cast<T*>(rec + kRecMtLoOff);
@@ -221,37 +321,15 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
     load_rows_async_n<kPrepThreads, T, DK, LDK>(Qs, qh + c0 * p.q_token, p.q_token, nrows, nb * 16, tid);
   }
   __pipeline_commit();
-  if (tid < C) {
-    float gv = 0.0f;
-    if (tid < nrows && p.has_gate) {
-      gv = p.g[(c0 + tid) * p.g_token + static_cast<std::int64_t>(h) * p.g_head];
-      if (p.gate_linear) gv = logf(fmaxf(gv, FLT_MIN));
-    }
-    gs[tid] = gv;
-  } else {
-    const int i = tid - C;
-    float b = 0.0f;
-    if (i < nrows)
-      b = p.has_beta ? load_beta(p, (c0 + i) * p.beta_token + static_cast<std::int64_t>(h) * p.beta_head) : 1.0f;
-    bs[i] = b;
-  }
+  (tid < C ? gs[tid] : bs[tid - C]) = load_gate_beta(p, c0, nrows, h, tid);
   __pipeline_wait_prior(0);
   __syncthreads();
 
   // G = inclusive cumsum of g, in every warp's registers (ga = G[lane], gb = G[lane + 32]); warp 0
   // also writes it to shared memory, and gam and dec to the record (G_last = G[63]: padded rows
   // repeat it).
-  float ga = gs[lane], gb = gs[lane + 32];
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const float ta = __shfl_up_sync(0xffffffffu, ga, off);
-    const float tb = __shfl_up_sync(0xffffffffu, gb, off);
-    if (lane >= off) {
-      ga += ta;
-      gb += tb;
-    }
-  }
-  gb += __shfl_sync(0xffffffffu, ga, 31);
+  float ga, gb;
+  chunk_cumsum(gs, lane, ga, gb);
   if (warp == 0) {
     Gs[lane] = ga;
     Gs[lane + 32] = gb;
@@ -280,62 +358,8 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   }
   __syncthreads();  // A complete; K is dead: Tl and the scratch may overwrite it
 
-  // Tu's diagonal blocks, in place of A's: warp b inverts block b by forward substitution, lane j
-  // < 16 solving column j: x_i = [i == j] - sum_{m < i} A_im x_m (zero above the diagonal).
-  if (warp < nb) {
-    float* const Ab = At + (16 * warp) * LDA + 16 * warp;
-    float x[16];
-    if (lane < 16) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        float s = 0.0f;
-#pragma unroll
-        for (int m = 0; m < i; ++m) s += Ab[i * LDA + m] * x[m];
-        x[i] = (i == lane ? 1.0f : 0.0f) - s;
-      }
-    }
-    __syncwarp();
-    if (lane < 16) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) Ab[i * LDA + lane] = x[i];
-    }
-  }
-  __syncthreads();
-
-  // Block rows I = 1 .. nb - 1 below the diagonal: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ.
-  // Warp w computes the 8 columns nt = w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1
-  // (w >= 2), which balances the M sums; R goes through the warp's scratch into B fragments.
-  {
-    float* const Rw = reinterpret_cast<float*>(smem + L::off_r) + warp * 16 * LDR;
-    const int nt = warp & 1;
-    auto tu_block = [&](int M, int J) -> const float* {  // Tu_MJ, ld LDA
-      return M == J ? At + (16 * M) * LDA + 16 * J : Tl + (16 * M - 16) * LDA + 16 * J;
-    };
-    for (int I = 1; I < nb; ++I) {
-      const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
-      for (int J = j_begin; J < j_end; ++J) {
-        float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int M = J; M < I; ++M) {
-          const float* const a = At + (16 * I) * LDA + 16 * M;
-          const float* const b = tu_block(M, J) + 8 * nt;
-          mma1688_3xtf32(r, a, LDA, b, LDA, g, t);
-          mma1688_3xtf32(r, a + 8, LDA, b + 8 * LDA, LDA, g, t);
-        }
-        *reinterpret_cast<float2*>(Rw + g * LDR + 2 * t) = make_float2(r[0], r[1]);
-        *reinterpret_cast<float2*>(Rw + (g + 8) * LDR + 2 * t) = make_float2(r[2], r[3]);
-        __syncwarp();
-        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const float* const tii = At + (16 * I) * LDA + 16 * I;
-        mma1688_3xtf32(o, tii, LDA, Rw, LDR, g, t);
-        mma1688_3xtf32(o, tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
-        __syncwarp();  // the scratch is read before the next J overwrites it
-        float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
-        *reinterpret_cast<float2*>(out + g * LDA) = make_float2(-o[0], -o[1]);
-        *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(-o[2], -o[3]);
-      }
-      __syncthreads();
-    }
-  }
+  // Tu (fp32), in place of A's diagonal blocks and in Tl.
+  invert_unit_lower<LDA, LDR>(At, Tl, reinterpret_cast<float*>(smem + L::off_r), nb, warp, lane, [] { __syncthreads(); });
 
   // Mt block rows [0, nb) as hi + lo (lower-block layout, zero above the diagonal and in the row
   // padding): hi = round(Mt), lo = round(Mt - hi). Thread (r, q) = (tid / 8, tid % 8) writes row

@@ -38,7 +38,9 @@ constexpr SplitKernel split_entry(const char* name, DType dtype) {
                      walk_smem_bytes<W>(),
                      reinterpret_cast<const void*>(&gdn_prep_kernel<typename W::T, W::DK>),
                      reinterpret_cast<const void*>(&gdn_walk_kernel<W>),
-                     &launch_split<W>};
+                     &launch_split<W>,
+                     W::kThreads,
+                     false};
 }
 
 // Table entries of one dtype (T, its name in kernel names, its DType): the mma.sync walks for

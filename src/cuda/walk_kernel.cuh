@@ -70,6 +70,8 @@ struct WalkLane {
 template <typename T>
 struct WalkStage {
   const unsigned char* base;  // the stage (policy-specific layout of K, Q, Mt, P)
+  const unsigned char* kq;    // wgmma policy: swizzled K, then Q (dk / 64 blocks of 8 KB each)
+  const unsigned char* mt;    // wgmma policy: swizzled 64 x 64 Mt hi, Mt lo, P (8 KB each)
   const T* V;                 // [64][LDV], the CTA's DVB columns, padded rows
   const float* gam;           // 64 x exp(G), then 64 x exp(G_last - G) (the record's gam, dec)
   static_assert(kRecDecOff == kRecGamOff + 4 * kChunk, "dec follows gam");
@@ -126,7 +128,8 @@ struct MmaSyncWalk {
     }
   }
   __device__ static WalkStage<T> stage(const unsigned char* base) {
-    return {base, reinterpret_cast<const T*>(base + off_v), reinterpret_cast<const float*>(base + off_rec + kRecGamOff)};
+    return {base, nullptr, nullptr, reinterpret_cast<const T*>(base + off_v),
+            reinterpret_cast<const float*>(base + off_rec + kRecGamOff)};
   }
 
   // KSt = St K^T and QSt = St Q^T (added to ks, qs).
@@ -328,6 +331,39 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
 }
 
+// The state of (sequence n, head h) as this lane's St tiles: columns col, col + 8 (value columns,
+// col = the warp's first column + g) and keys 8 j + 2t, 8 j + 2t + 1 of St = S^T, i.e. element
+// (c, d) of the state at c * cs + d * ds: (cs, ds) = (1, dv) in the [dk, dv] layout, (dk, 1) in
+// [dv, dk]. lane_state_offset gives the element (col, 2t).
+template <int DK>
+__device__ __forceinline__ std::int64_t lane_state_offset(const ChunkedParams& p, std::int64_t n, int h, int col,
+                                                          int t) {
+  return (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv +
+         (p.state_vk ? static_cast<std::int64_t>(col) * DK + 2 * t : static_cast<std::int64_t>(2 * t) * p.dv + col);
+}
+// Opaque copies of the offsets: the final-state store recomputes them rather than keeping them
+// live (in registers) across the whole walk.
+template <int DK>
+__device__ __forceinline__ void load_state_tiles(float (&st)[DK / 8][4], const ChunkedParams& p, std::int64_t off) {
+  const std::int64_t base = opaque(off);
+  const int cs = opaque(p.state_vk ? DK : 1), ds = opaque(p.state_vk ? 1 : p.dv);
+#pragma unroll
+  for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      st[j][e] = p.has_initial_state ? p.initial_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] : 0.0f;
+}
+template <int DK>
+__device__ __forceinline__ void store_state_tiles(const float (&st)[DK / 8][4], const ChunkedParams& p,
+                                                  std::int64_t off) {
+  const std::int64_t base = opaque(off);
+  const int cs = opaque(p.state_vk ? DK : 1), ds = opaque(p.state_vk ? 1 : p.dv);
+#pragma unroll
+  for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p.final_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] = st[j][e];
+}
+
 // Dynamic shared memory of a walk CTA: the policy's stages, then the longest-first order.
 template <class W>
 constexpr std::size_t walk_smem_bytes() {
@@ -416,23 +452,8 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
   for (std::int64_t i = blockIdx.z; i < p.num_seqs; i += gridDim.z) {
     const std::int64_t n = seq_at(i);
     const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
-    // St[c][d] = S[d][c]. Element (c, d) of the state sits at c * cs + d * ds: (cs, ds) = (1, dv) in
-    // the [dk, dv] layout, (dk, 1) in [dv, dk]. This lane's St elements are columns col, col + 8
-    // (col = v0 + cw + g) and keys 8 j + 2t, 8 j + 2t + 1.
-    const std::int64_t state_lane = (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv +
-                                    (p.state_vk ? static_cast<std::int64_t>(v0 + cw + g) * DK + 2 * t
-                                                : static_cast<std::int64_t>(2 * t) * p.dv + v0 + cw + g);
-    {
-      // Opaque copies: the final-state store below recomputes its offsets rather than keeping
-      // these live (in registers) across the whole walk.
-      const std::int64_t base = opaque(state_lane);
-      const int cs = opaque(p.state_vk ? DK : 1), ds = opaque(p.state_vk ? 1 : p.dv);
-#pragma unroll
-      for (int j = 0; j < NKT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[j][e] = p.has_initial_state ? p.initial_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] : 0.0f;
-    }
+    const std::int64_t state_lane = lane_state_offset<DK>(p, n, h, v0 + cw + g, t);
+    load_state_tiles<DK>(st, p, state_lane);
     // Without an initial state the state is exactly zero until the first update: that chunk skips
     // K S and Q S (same result bit for bit).
     bool zero_state = !p.has_initial_state;
@@ -460,14 +481,7 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
       stage ^= 1;
     }
 
-    if (p.want_final_state) {
-      const std::int64_t base = opaque(state_lane);
-      const int cs = opaque(p.state_vk ? DK : 1), ds = opaque(p.state_vk ? 1 : p.dv);
-#pragma unroll
-      for (int j = 0; j < NKT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p.final_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] = st[j][e];
-    }
+    if (p.want_final_state) store_state_tiles<DK>(st, p, state_lane);
   }
 }
 

@@ -31,6 +31,34 @@
 
 namespace gdnkit::cuda {
 
+// Copies rows [0, nrows) of a chunk's K and Q ([64 x DK] 16-bit, token strides k_token, q_token)
+// into 128-byte-swizzled tiles (dk / 64 column blocks of 64 rows x 128 bytes) with 16-byte
+// cp.async, NT threads; rows [nrows, zero_to) are zero-filled with ordinary stores (the caller
+// fences them to the async proxy before wgmma reads them). Thread tid keeps the 16-byte chunk
+// tid % (DK / 8) of every (NT / (DK / 8))-th row.
+template <int NT, typename T, int DK>
+__device__ __forceinline__ void load_kq_swizzled(unsigned char* kd, unsigned char* qd, const T* k, std::int64_t k_token,
+                                                 const T* q, std::int64_t q_token, int nrows, int zero_to, int tid) {
+  constexpr int CPR = DK / 8;  // 16-byte chunks per row
+  constexpr int STEP = NT / CPR;
+  static_assert(NT % CPR == 0 && kChunk % STEP == 0, "whole rows per pass");
+  const int c = tid % CPR, r0 = tid / CPR;
+  const std::uint32_t col_off = static_cast<std::uint32_t>(c / 8) * (kChunk * 128);
+#pragma unroll
+  for (int i = 0; i < kChunk / STEP; ++i) {
+    const int r = r0 + i * STEP;
+    if (r >= zero_to) break;
+    const std::uint32_t off = col_off + swizzle128(r, c % 8);
+    if (r < nrows) {
+      __pipeline_memcpy_async(kd + off, k + r * k_token + 8 * c, 16);
+      __pipeline_memcpy_async(qd + off, q + r * q_token + 8 * c, 16);
+    } else {
+      *reinterpret_cast<uint4*>(kd + off) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(qd + off) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
 template <typename T_, int DK_, int WG>
 struct WgmmaWalk {
   using T = T_;
@@ -70,27 +98,7 @@ struct WgmmaWalk {
                               std::int64_t q_token, const T* v, std::int64_t v_token, const unsigned char* rec,
                               int nrows, int tid) {
     const int nb = (nrows + 15) / 16;
-    // K and Q: thread tid keeps chunk c = tid % (dk / 8) of rows tid / (dk / 8) + step i.
-    constexpr int CPR = DK / 8;  // 16-byte chunks per row
-    constexpr int STEP = kThreads / CPR;
-    static_assert(kThreads % CPR == 0 && kChunk % STEP == 0, "whole rows per pass");
-    {
-      const int c = tid % CPR, r0 = tid / CPR;
-      const std::uint32_t col_off = static_cast<std::uint32_t>(c / 8) * (kChunk * 128);
-#pragma unroll
-      for (int i = 0; i < kChunk / STEP; ++i) {
-        const int r = r0 + i * STEP;
-        if (r >= 16 * nb) break;
-        const std::uint32_t off = col_off + swizzle128(r, c % 8);
-        if (r < nrows) {
-          __pipeline_memcpy_async(stage + off_k + off, k + r * k_token + 8 * c, 16);
-          __pipeline_memcpy_async(stage + off_q + off, q + r * q_token + 8 * c, 16);
-        } else {
-          *reinterpret_cast<uint4*>(stage + off_k + off) = make_uint4(0u, 0u, 0u, 0u);
-          *reinterpret_cast<uint4*>(stage + off_q + off) = make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-    }
+    load_kq_swizzled<kThreads, T, DK>(stage + off_k, stage + off_q, k, k_token, q, q_token, nrows, 16 * nb, tid);
     T* const Vd = reinterpret_cast<T*>(stage + off_v);
     if (nrows == kChunk)
       load_tile_full<kThreads, T, DVB, LDV>(Vd, v, v_token, tid);
@@ -116,7 +124,8 @@ struct WgmmaWalk {
   }
 
   __device__ static WalkStage<T> stage(const unsigned char* base) {
-    return {base, reinterpret_cast<const T*>(base + off_v), reinterpret_cast<const float*>(base + off_g)};
+    return {base, base + off_k, base + off_mh, reinterpret_cast<const T*>(base + off_v),
+            reinterpret_cast<const float*>(base + off_g)};
   }
 
   template <int N>
@@ -149,10 +158,10 @@ struct WgmmaWalk {
       gmma_arrive();
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
-        gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc(S.base + off_k + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
+        gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc(S.kq + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
-        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc(S.base + off_q + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
+        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc(S.kq + k_bytes + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
       gmma_commit();
       gmma_wait<0>();
       gmma_fence(kf);
@@ -168,8 +177,8 @@ struct WgmmaWalk {
     gmma_arrive();
 #pragma unroll
     for (int bj = 0; bj < NB; ++bj) {
-      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.base + off_ml + 32 * bj, 16, 1024), true);
-      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.base + off_mh + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.mt + m_bytes + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.mt + 32 * bj, 16, 1024), true);
     }
     gmma_commit();
     gmma_wait<0>();
@@ -190,7 +199,7 @@ struct WgmmaWalk {
     gmma_arrive();
 #pragma unroll
     for (int bj = 0; bj < NB; ++bj)
-      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc(S.base + off_p + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc(S.mt + 2 * m_bytes + 32 * bj, 16, 1024), true);
     gmma_commit();
     decay_state();
     fence_all(da);
@@ -198,7 +207,7 @@ struct WgmmaWalk {
     gmma_arrive();
 #pragma unroll
     for (int rb = 0; rb < NB; ++rb)
-      gmma_rs<T, DK, true>(sf, da[rb], gmma_desc(S.base + off_k + rb * 16 * 128, kChunk * 128, 1024), true);
+      gmma_rs<T, DK, true>(sf, da[rb], gmma_desc(S.kq + rb * 16 * 128, kChunk * 128, 1024), true);
     gmma_commit();
     gmma_wait<1>();
     gmma_fence(qf);

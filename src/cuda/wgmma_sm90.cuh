@@ -1,5 +1,6 @@
-// Warpgroup MMA (wgmma, sm_90a) for the walk: shared-memory descriptors of 128-byte-swizzled
-// tiles, the register-A instruction through CUTLASS/CuTe's wrappers, and the warpgroup fences.
+// Warpgroup MMA (wgmma, sm_90a) for the walk and the fused kernel: shared-memory descriptors of
+// 128-byte-swizzled tiles, the register-A and shared-A instructions through CUTLASS/CuTe's
+// wrappers, the warpgroup fences, named barriers and register reallocation.
 //
 // Tiles are stored in "atoms" of 8 rows x 128 bytes (64 16-bit elements per row); within an atom
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8), and atoms are 1024-byte aligned. A
@@ -61,6 +62,24 @@ GDNKIT_GMMA_OP(64)
 GDNKIT_GMMA_OP(128)
 #undef GDNKIT_GMMA_OP
 
+// Both operands from shared memory, both K-major (the fused kernel's K K^T and Q K^T).
+template <typename T, int N>
+struct OpSS;
+template <>
+struct OpSS<__nv_bfloat16, 64> {
+  using type = G::MMA_64x64x16_F32BF16BF16_SS<G::Major::K, G::Major::K>;
+};
+template <>
+struct OpSS<__half, 64> {
+  using type = G::MMA_64x64x16_F32F16F16_SS<G::Major::K, G::Major::K>;
+};
+
+template <class O, std::size_t... I>
+__device__ __forceinline__ void fma_ss(std::uint64_t desc_a, std::uint64_t desc_b, float (&d)[sizeof...(I)],
+                                       bool accumulate, std::index_sequence<I...>) {
+  O::fma(desc_a, desc_b, d[I]..., accumulate ? G::ScaleOut::One : G::ScaleOut::Zero);
+}
+
 template <class O, std::size_t... I>
 __device__ __forceinline__ void fma(const std::uint32_t (&a)[4], std::uint64_t desc, float (&d)[sizeof...(I)],
                                     bool accumulate, std::index_sequence<I...>) {
@@ -75,6 +94,13 @@ __device__ __forceinline__ void gmma_rs(float (&d)[N / 2], const std::uint32_t (
   using namespace detail_gmma;
   using O = typename Op<T, N, B_MN_MAJOR ? G::Major::MN : G::Major::K>::type;
   detail_gmma::fma<O>(a, desc_b, d, accumulate, std::make_index_sequence<N / 2>{});
+}
+
+// d (+)= A B with A (64 x 16, K-major) and B (16 x N, K-major) both in shared memory.
+template <typename T, int N>
+__device__ __forceinline__ void gmma_ss(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  using namespace detail_gmma;
+  detail_gmma::fma_ss<typename OpSS<T, N>::type>(desc_a, desc_b, d, accumulate, std::make_index_sequence<N / 2>{});
 }
 
 __device__ __forceinline__ void gmma_arrive() { cute::warpgroup_arrive(); }
@@ -99,6 +125,27 @@ template <int N>
 __device__ __forceinline__ void gmma_fence(std::uint32_t (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(x[i]);
+}
+
+// Named barriers (bar.sync / bar.arrive, ids 1..15; 0 is __syncthreads): `count` threads, whole
+// warps, take part; arrive does not wait. A producer's arrive and its consumers' sync on one id
+// order the producer's earlier shared-memory writes before the consumers' later reads.
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// The warpgroup's register budget per thread (setmaxnreg; a multiple of 8 in [24, 256]): a
+// warp-specialised CTA moves registers from its load/prep warpgroup to its state warpgroups.
+template <int R>
+__device__ __forceinline__ void regs_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void regs_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
 }  // namespace gdnkit::cuda

@@ -24,10 +24,11 @@
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
+#include "cuda/fused_sm90.cuh"
 #include "common/test_util.h"
 
 namespace gdnkit::cuda {
-alignas(1024) unsigned char smem_raw[200 * 1024];  // the walk's dynamic shared memory
+alignas(1024) unsigned char smem_raw[kSmemBytes];  // the walk's (or the fused kernel's) dynamic shared memory
 alignas(1024) unsigned char smem[200 * 1024];      // the prep kernel's
 }  // namespace gdnkit::cuda
 
@@ -54,9 +55,11 @@ void run_grid(dim3 grid, unsigned threads, F&& body) {
           g_warp_barrier[w] = warps.back().get();
         }
         g_block_barrier = &block;
-        std::barrier<> wg0(128), wg1(128);
+        std::barrier<> wg0(128), wg1(128), wg2(128);
         cuda::g_wg_barrier[0] = &wg0;
         cuda::g_wg_barrier[1] = &wg1;
+        cuda::g_wg_barrier[2] = &wg2;
+        cuda::reset_named_barriers();
         std::vector<std::thread> pool;
         for (unsigned t = 0; t < threads; ++t)
           pool.emplace_back([&, t] {
@@ -87,14 +90,37 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
   run_grid(grid, Walk::kThreads, [&] { cuda::walk_cta<Walk>(p); });
 }
 
+// The fused kernel (fused_sm90.cuh), grid (dv / 128, H, z), no workspace.
+template <typename T, int DK>
+void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
+  using F = cuda::FusedSm90<T, DK>;
+  static_assert(F::smem_bytes <= sizeof(cuda::smem_raw));
+  p.ws = nullptr;
+  run_grid(grid, F::kThreads, [&] { cuda::fused_cta<T, DK>(p); });
+}
+
+constexpr int kFused = 0;  // the walk policy argument that selects the fused kernel
+
 // Runs case c through the emulated kernels with walk policy w (reduced to one warp, or one
-// warpgroup, where dv does not split that way); returns the instantiation's description.
+// warpgroup, where dv does not split that way; kFused: the fused kernel, dv = 128 only); returns
+// the instantiation's description.
 std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first) {
   const Problem& problem = c.problem;
   const detail::Shape& s = c.shape;
   const Tensors t = c.tensors();
   cuda::ChunkedParams p = cuda::chunked_params(problem, s, t);  // as the CUDA backend launches
   p.longest_first = longest_first;
+  if (w == kFused) {
+    EXPECT_EQ(s.dv, 128) << "the fused kernel walks 128 value columns per CTA";
+    const dim3 grid(1, static_cast<unsigned>(s.H),
+                    static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), zlimit)));
+    const bool bf16 = problem.qkv_dtype == DType::bf16;
+    if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128>(p, grid);
+    else if (bf16) emulate_fused<__nv_bfloat16, 64>(p, grid);
+    else if (s.dk == 128) emulate_fused<__half, 128>(p, grid);
+    else emulate_fused<__half, 64>(p, grid);
+    return std::string("fused ") + (bf16 ? "bf16" : "f16") + " dk=" + std::to_string(s.dk);
+  }
   while (s.dv / 16 % (w < 0 ? -4 * w : w)) w /= 2;  // the widest policy that divides dv
   const int cols = w < 0 ? -64 * w : 16 * w;
   const dim3 grid(static_cast<unsigned>(s.dv / cols), static_cast<unsigned>(s.H),
@@ -220,6 +246,45 @@ TEST(Emulated, SequenceLayouts) {
   s.lens = {130, 300, 65, 0, 200};
   s.seed = 506;
   check(s, 2, 2, true);       // longest first, several chunks per sequence, prefetch across them
+}
+
+// The fused kernel (aux warpgroup computing records in shared memory one chunk ahead of two
+// state warpgroups): chunk borders, both dtypes and key sizes, several sequences per CTA (its
+// pipeline crosses sequence boundaries), empty sequences, longest first, options, head mappings.
+TEST(Emulated, FusedKernel) {
+  for (DType dt : {DType::bf16, DType::f16})
+    for (std::int64_t L : {1, 64, 65, 200}) {
+      Spec s = test::chunk_border_spec(dt, L);
+      s.dv = 128;
+      check(s, kFused);
+    }
+  int i = 0;
+  for (int dk : {64, 128}) {
+    Spec s;
+    s.lens = {130, 0, 17, 64, 200, 3};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = dk;
+    s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.layout = dk == 64 ? StateLayout::vk : StateLayout::kv;
+    s.seed = 1300 + i++;
+    check(s, kFused, 2);        // three sequences per CTA
+    s.seed = 1300 + i++;
+    check(s, kFused, 65535, true);  // a CTA per sequence, longest first
+  }
+  for (int bits : {0, 5, 22, 63}) {
+    Spec s;
+    s.lens = {70, 0, 5};
+    s.Hq = 2;
+    s.Hk = s.Hv = 1;
+    s.dk = 64;
+    s.dv = 128;
+    test::set_option_bits(s, bits);
+    s.seed = 1400 + bits;
+    check(s, kFused, 1);
+  }
 }
 
 // The longest-first order: a permutation, by decreasing length, ties by index.

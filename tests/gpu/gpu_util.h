@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -141,10 +142,25 @@ class DeviceWorkspace {
   std::size_t bytes_ = 0;
 };
 
-// Plans (with `options`), runs on `stream`, waits, downloads. Returns the plan's kernel name.
+// The suite's plan options: `o`, unless it names no kernel and GDNKIT_TEST_KERNEL=fused is set,
+// in which case every problem the fused kernel takes (dv = 128, its dtype and dk) requires it by
+// name, so that the whole suite runs on it (scripts/gpu_check.sh runs the suite both ways).
+inline gdnkit::Options suite_options(const gdnkit::Problem& p, gdnkit::Options o = {}) {
+  thread_local std::string name;
+  const char* env = std::getenv("GDNKIT_TEST_KERNEL");
+  if (o.kernel != nullptr || env == nullptr || std::string(env) != "fused" || p.head_dim_v != 128) return o;
+  if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16) return o;
+  name = std::string("cuda-fused-sm90-") + (p.qkv_dtype == DType::bf16 ? "bf16" : "f16") + "-k" +
+         std::to_string(p.head_dim_k);
+  o.kernel = name.c_str();
+  return o;
+}
+
+// Plans (with suite_options(options)), runs on `stream`, waits, downloads. Returns the plan's
+// kernel name.
 inline std::string run_device(Case& c, DeviceCase& d, cudaStream_t stream = nullptr,
                               const gdnkit::Options& options = {}) {
-  const Plan plan = Plan::create(d.problem(), options);
+  const Plan plan = Plan::create(d.problem(), suite_options(d.problem(), options));
   EXPECT_EQ(plan.backend(), Backend::cuda);
   const DeviceWorkspace ws(plan);
   plan.run(d.tensors(), ws.ptr(), ws.bytes(), stream);

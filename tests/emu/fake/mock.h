@@ -28,8 +28,8 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 gridDim, blockDim;
 inline std::barrier<>* g_block_barrier = nullptr;
-inline std::barrier<>* g_warp_barrier[8] = {};
-inline float g_shfl[8][32];
+inline std::barrier<>* g_warp_barrier[12] = {};
+inline float g_shfl[12][32];
 
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
 inline void __trap() { std::abort(); }

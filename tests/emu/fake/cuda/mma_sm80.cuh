@@ -5,7 +5,7 @@
 #include "mock.h"
 namespace gdnkit::cuda {
 struct WarpX { const void* ptr[32]; std::uint32_t u[32][6]; float f[32][4]; };
-inline WarpX g_wx[8];
+inline WarpX g_wx[12];
 inline void wbar() { g_warp_barrier[threadIdx.x / 32]->arrive_and_wait(); }
 inline void check16(const void* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16) { std::fprintf(stderr, "ldmatrix row not 16-byte aligned\n"); std::abort(); }

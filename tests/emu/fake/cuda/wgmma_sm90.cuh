@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 #include "cuda/mma_sm80.cuh"
 namespace gdnkit::cuda {
@@ -27,9 +28,22 @@ inline std::uint64_t gmma_desc(const void* smem, std::uint32_t lbo, std::uint32_
   return (std::uint64_t((addr >> 4) & 0x3fffu)) | (std::uint64_t((lbo >> 4) & 0x3fffu) << 16) |
          (std::uint64_t((sbo >> 4) & 0x3fffu) << 32) | (std::uint64_t(1) << 62);
 }
+extern unsigned char smem_raw[];
+constexpr std::size_t kSmemBytes = 232448;  // the emulated dynamic shared memory (an H100/H200's opt-in limit)
+// Element (k, n) of a 128-byte-swizzled operand tile: K-major (element (k, n) at row n, column k)
+// or MN-major (row k, column n).
+inline std::uint16_t smem_operand(std::uint32_t start, std::uint32_t lbo, std::uint32_t sbo, int k, int n, bool mn_major) {
+  std::uint32_t addr;
+  if (mn_major) addr = start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2;
+  else addr = start + (n % 8) * 128 + (n / 8) * sbo + (k / 8) * 16 + (k % 8) * 2;
+  addr ^= ((addr >> 7) & 7) << 4;
+  if (addr + 2 > kSmemBytes) { std::fprintf(stderr, "wgmma operand outside shared memory\n"); std::abort(); }
+  std::uint16_t v; std::memcpy(&v, smem_raw + addr, 2);
+  return v;
+}
 struct WgX { std::uint32_t a[128][4]; };
-inline WgX g_wgx[2];
-inline std::barrier<>* g_wg_barrier[2] = {};
+inline WgX g_wgx[3];
+inline std::barrier<>* g_wg_barrier[3] = {};
 inline void wgbar() { g_wg_barrier[threadIdx.x / 128]->arrive_and_wait(); }
 struct GmmaPending {
   float* d;
@@ -80,16 +94,7 @@ inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_
       const int lane = 4 * (r % 8) + (k % 8) / 2;
       return h2f<T>(half(p.wg_a[4 * (32 * warp + lane) + (r >= 8) + 2 * (k >= 8)], k % 2));
     };
-    extern unsigned char smem_raw[];
-    auto B = [&](int k, int n) {
-      std::uint32_t addr;
-      if (B_MN_MAJOR) addr = start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (n % 64) * 2;
-      else addr = start + (n % 8) * 128 + (n / 8) * sbo + (k / 8) * 16 + (k % 8) * 2;
-      addr ^= ((addr >> 7) & 7) << 4;
-      if (addr + 2 > 200 * 1024) { std::fprintf(stderr, "wgmma B outside shared memory\n"); std::abort(); }
-      std::uint16_t v; std::memcpy(&v, smem_raw + addr, 2);
-      return h2f<T>(v);
-    };
+    auto B = [&](int k, int n) { return h2f<T>(smem_operand(start, lbo, sbo, k, n, B_MN_MAJOR)); };
     const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
     p.value.assign(N / 2, 0.0f);
     for (int j = 0; j < N / 8; ++j)
@@ -104,6 +109,64 @@ inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_
   for (int i = 0; i < N / 2; ++i) d[i] = std::nanf("");
   g_gmma.open.push_back(std::move(pend));
 }
+// Both operands from shared memory (K-major): the same retirement rules, no A registers.
+template <typename T, int N>
+inline void gmma_ss(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  const int me = threadIdx.x % 128;
+  if ((desc_a >> 62) != 1 || (desc_b >> 62) != 1) { std::fprintf(stderr, "unexpected swizzle mode\n"); std::abort(); }
+  auto pend = std::make_shared<GmmaPending>();
+  static const std::uint32_t no_a[4] = {};
+  pend->d = d;
+  pend->a = no_a;
+  pend->chain = accumulate ? gmma_in_flight(d) : nullptr;
+  if (!pend->chain) pend->init = accumulate ? std::vector<float>(d, d + N / 2) : std::vector<float>(N / 2, 0.0f);
+  pend->compute = [desc_a, desc_b, me](GmmaPending& p, const std::vector<float>& in) {
+    auto field = [](std::uint64_t desc, int sh) { return static_cast<std::uint32_t>(((desc >> sh) & 0x3fff) << 4); };
+    const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
+    p.value.assign(N / 2, 0.0f);
+    for (int j = 0; j < N / 8; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int m = 16 * warp + g + 8 * (e / 2), n = 8 * j + 2 * t + e % 2;
+        float s = in[4 * j + e];
+        for (int k = 0; k < 16; ++k)
+          s += h2f<T>(smem_operand(field(desc_a, 0), field(desc_a, 16), field(desc_a, 32), k, m, false)) *
+               h2f<T>(smem_operand(field(desc_b, 0), field(desc_b, 16), field(desc_b, 32), k, n, false));
+        p.value[4 * j + e] = s;
+      }
+  };
+  wgbar();
+  for (int i = 0; i < N / 2; ++i) d[i] = std::nanf("");
+  g_gmma.open.push_back(std::move(pend));
+}
+
+// Named barriers: one std::barrier per id, made on first use with its thread count (every use of
+// an id must give the same count); reset between CTAs by the harness.
+inline std::mutex g_named_mutex;
+inline std::unique_ptr<std::barrier<>> g_named[16];
+inline int g_named_count[16] = {};
+inline std::barrier<>& named_barrier(int id, int count) {
+  std::lock_guard<std::mutex> lock(g_named_mutex);
+  if (id <= 0 || id >= 16 || count % 32 != 0) { std::fprintf(stderr, "bad named barrier %d/%d\n", id, count); std::abort(); }
+  if (!g_named[id]) {
+    g_named[id] = std::make_unique<std::barrier<>>(count);
+    g_named_count[id] = count;
+  } else if (g_named_count[id] != count) {
+    std::fprintf(stderr, "named barrier %d used with counts %d and %d\n", id, g_named_count[id], count);
+    std::abort();
+  }
+  return *g_named[id];
+}
+inline void named_sync(int id, int count) { named_barrier(id, count).arrive_and_wait(); }
+inline void named_arrive(int id, int count) {
+  auto token = named_barrier(id, count).arrive();
+  (void)token;
+}
+inline void reset_named_barriers() {
+  for (auto& b : g_named) b.reset();
+}
+template <int R> inline void regs_down() {}
+template <int R> inline void regs_up() {}
+
 inline void gmma_arrive() {}
 inline void gmma_smem_fence() {}
 inline void gmma_commit() {

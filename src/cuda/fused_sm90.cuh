@@ -1,0 +1,410 @@
+// The fused SM90 kernel (docs/fused-kernel-design.md): the prep and the state walk of the CUDA
+// path in one warp-specialised CTA per (value block of 128 columns, head, sequence list), so that
+// no record goes through global memory and K and Q are read once.
+//
+// Three warpgroups, 384 threads:
+//   aux (warps 0-3)    loads every chunk's K, Q (two chunks ahead), V (one ahead), gates and
+//                      beta with cp.async, and computes the chunk's record into shared memory one
+//                      chunk ahead of the walk: Q K^T and K K^T on wgmma (both operands from the
+//                      swizzled K, Q tiles), P and gam/dec from them, A = diag(beta) K K^T, the
+//                      fp32 inverse Tu (invert_unit_lower, the prep kernel's), Mt as hi + lo, all
+//                      written straight into the 128-byte-swizzled tiles the walk's wgmma reads;
+//   state (warps 4-11) two warpgroups of 64 value columns each run the wgmma walk's chunk step
+//                      (walk_chunk with WgmmaWalk's products), the state in registers throughout.
+// Registers move from the aux to the state warpgroups (setmaxnreg: 88 + 2 x 208 = 3 x 168).
+//
+// Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
+// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V and the
+// record in two. Named barriers: FULL[c % 2] (aux arrives when chunk c's K, Q, V and record are in
+// place; the state warps wait), EMPTY[c % 2] (the state warps arrive when done with chunk c; the
+// aux waits before it reuses chunk c's stages for chunk c + 2 and c + 3). The aux's own barrier
+// orders its phases. Tail chunks: K and Q rows past the end are zero-filled to 64, V rows to the
+// next 16-row block, gates and beta of padding rows are 0; the walk runs only the valid row blocks
+// and writes only valid rows, so nothing past a sequence's end is written.
+#pragma once
+
+#include "cuda/prep_kernel.cuh"
+#include "cuda/walk_sm90.cuh"
+
+namespace gdnkit::cuda {
+
+template <typename T_, int DK_>
+struct FusedSm90 {
+  using T = T_;
+  static constexpr int DK = DK_;
+  static constexpr int kThreads = 384;
+  static constexpr int DVB = 128;              // value columns per CTA (two state warpgroups)
+  using Walk = WgmmaWalk<T, DK, 2>;            // the state warpgroups' products and V layout
+  static constexpr int LDV = Walk::LDV;
+  static constexpr int LDA = kChunk + 4;       // fp32 A / Tu rows (as in the prep kernel)
+  static constexpr int LDR = 8;
+  // Registers per thread: aux + 2 x state = 3 x 168 (a 384-thread launch). Overridable to measure.
+#ifndef GDNKIT_FUSED_AUX_REGS
+#define GDNKIT_FUSED_AUX_REGS 88
+#define GDNKIT_FUSED_STATE_REGS 208
+#endif
+  static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
+  static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
+                "setmaxnreg budget of a 384-thread CTA");
+  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = 4;  // named barrier ids (+ stage)
+
+  static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
+  static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
+  static constexpr std::size_t rec_gam = 3 * m_bytes;         // Mt hi, Mt lo, P, then gam, dec
+  static constexpr std::size_t rec_bytes =
+      (rec_gam + 2 * kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
+  static constexpr std::size_t v_bytes = align128(std::size_t(kChunk) * LDV * 2);
+  static constexpr std::size_t off_kq = 0;                               // 3 stages
+  static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // 2 stages
+  static constexpr std::size_t off_v = off_rec + 2 * rec_bytes;          // 2 stages
+  static constexpr std::size_t off_at = off_v + 2 * v_bytes;             // A, then Tu's diagonal blocks
+  static constexpr std::size_t off_tl = off_at + align128(std::size_t(kChunk) * LDA * 4);  // Tu rows 16..63
+  static constexpr std::size_t off_r = off_tl + align128(std::size_t(kChunk - 16) * LDA * 4);
+  // Per record stage: the gates as loaded, their cumsum G, beta (64 fp32 each). Two stages, so the
+  // next chunk's gates are stored while a slow warp still reads this chunk's.
+  static constexpr std::size_t off_gates = off_r + align128(std::size_t(4) * 16 * LDR * 4);
+  static constexpr std::size_t gates_bytes = 3 * kChunk * 4;
+  static constexpr std::size_t off_order = off_gates + 2 * gates_bytes;  // longest-first ranks
+  static constexpr std::size_t smem_bytes = off_order + kWalkOrderBytes + kSwizzleAtomBytes;  // + base alignment
+  static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % 128 == 0, "stages keep their alignment");
+
+  __device__ static unsigned char* kq(unsigned char* smem, int s) { return smem + off_kq + s * kq_bytes; }
+  __device__ static unsigned char* rec(unsigned char* smem, int s) { return smem + off_rec + s * rec_bytes; }
+  __device__ static T* v(unsigned char* smem, int s) { return reinterpret_cast<T*>(smem + off_v + s * v_bytes); }
+};
+
+// Cycle stamps of the aux's phases (thread 0 of CTA (0, 0, 0), chunk 8), printed, in builds with
+// GDNKIT_FUSED_PROBE defined: a measurement aid, compiled out otherwise. GDNKIT_FUSED_PROBE_SKIP
+// (1: no records, 2: no walk steps, 3: no copies; results are wrong then) times the roles apart.
+struct FusedProbe {
+#ifdef GDNKIT_FUSED_PROBE
+  long long t[16];
+  int n = 0;
+  bool on = false;
+  __device__ void mark() {
+    if (on && n < 16) t[n++] = clock64();
+  }
+  __device__ void print(const char* what) const {
+    if (!on) return;
+    long long d[15] = {};
+    for (int i = 1; i < n; ++i) d[i - 1] = t[i] - t[i - 1];
+    printf("probe %s: %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", what, d[0], d[1],
+           d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14]);
+  }
+#else
+  __device__ void mark() {}
+  __device__ void print(const char*) const {}
+#endif
+};
+
+// The record of one chunk (rows [0, nrows) valid) from its staged K and Q (kq) and the thread's
+// gate or beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: P, Mt hi,
+// Mt lo as swizzled 64 x 64 tiles (every element written, zeros above the diagonal and in rows
+// past the valid row blocks), gam and dec. The caller's copies of K and Q have landed and are
+// fenced; this starts with an aux barrier.
+template <typename T, int DK>
+__device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
+                                             float* gates, float gate_beta, int nrows, float scale, int tid,
+                                             FusedProbe& probe) {
+  using F = FusedSm90<T, DK>;
+  constexpr int LDA = F::LDA;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int nb = (nrows + 15) / 16;
+  float* const gs = gates;
+  float* const Gs = gates + kChunk;
+  float* const bs = gates + 2 * kChunk;
+  float* const At = reinterpret_cast<float*>(smem + F::off_at);
+  float* const Tl = reinterpret_cast<float*>(smem + F::off_tl);
+  (tid < kChunk ? gs[tid] : bs[tid - kChunk]) = gate_beta;
+  named_sync(F::kBarAux, 128);
+  probe.mark();
+
+  // G in every warp; warp 0 publishes it and gam, dec (G_last = G[63]: padded rows repeat it).
+  {
+    float ga, gb;
+    chunk_cumsum(gs, lane, ga, gb);
+    if (warp == 0) {
+      Gs[lane] = ga;
+      Gs[lane + 32] = gb;
+      float* const gam = reinterpret_cast<float*>(rec + F::rec_gam);
+      const float g_last = __shfl_sync(0xffffffffu, gb, 31);
+      gam[lane] = fast_exp(ga);
+      gam[lane + 32] = fast_exp(gb);
+      gam[kChunk + lane] = fast_exp(g_last - ga);
+      gam[kChunk + lane + 32] = fast_exp(g_last - gb);
+    }
+  }
+  // Q K^T (rows: Q, columns: K); warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1.
+  const unsigned char* const ks = kq;
+  const unsigned char* const qs = kq + F::Walk::k_bytes;
+  auto kdesc = [](const unsigned char* tile, int kk) {
+    return gmma_desc(tile + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024);
+  };
+  float acc[32];
+  gmma_fence(acc);
+  gmma_arrive();
+#pragma unroll
+  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(acc, kdesc(qs, kk), kdesc(ks, kk), kk > 0);
+  gmma_commit();
+  named_sync(F::kBarAux, 128);  // G published
+  gmma_wait<0>();
+  gmma_fence(acc);
+  probe.mark();
+
+  const int i0 = 16 * warp + g;
+  const float gi[2] = {Gs[i0], Gs[i0 + 8]};
+  // P = scale * lower_incl(Q K^T) .* exp(G_i - G_j).
+  {
+    unsigned char* const P = rec + 2 * F::m_bytes;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int j = 8 * n + 2 * t;
+      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = i0 + 8 * hh;
+        const float x0 = j <= i ? scale * acc[4 * n + 2 * hh] * fast_exp(gi[hh] - gj.x) : 0.0f;
+        const float x1 = j + 1 <= i ? scale * acc[4 * n + 2 * hh + 1] * fast_exp(gi[hh] - gj.y) : 0.0f;
+        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, n) + 4 * t) = pack2<T>(x0, x1);
+      }
+    }
+  }
+  probe.mark();
+  // K K^T, then A = diag(beta) K K^T: block row w (tiles left of and on the diagonal) by warp w.
+  gmma_fence(acc);
+  gmma_arrive();
+#pragma unroll
+  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(acc, kdesc(ks, kk), kdesc(ks, kk), kk > 0);
+  gmma_commit();
+  gmma_wait<0>();
+  gmma_fence(acc);
+  {
+    const float b[2] = {bs[i0], bs[i0 + 8]};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      if (n <= 2 * warp + 1)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          *reinterpret_cast<float2*>(At + (i0 + 8 * hh) * LDA + 8 * n + 2 * t) =
+              make_float2(b[hh] * acc[4 * n + 2 * hh], b[hh] * acc[4 * n + 2 * hh + 1]);
+  }
+  named_sync(F::kBarAux, 128);
+  probe.mark();
+  invert_unit_lower<LDA, F::LDR>(At, Tl, reinterpret_cast<float*>(smem + F::off_r), nb, warp, lane,
+                                 [&] {
+                                   named_sync(F::kBarAux, 128);
+                                   probe.mark();
+                                 });
+
+  // Mt = exp(G_i - G_j) Tu_ij beta_j (j <= i) as hi + lo; block rows at or past nb are zero.
+  unsigned char* const Mh = rec;
+  unsigned char* const Ml = rec + F::m_bytes;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const int j = 8 * n + 2 * t, bj = n / 2;
+    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+    const float2 bt = *reinterpret_cast<const float2*>(bs + j);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = i0 + 8 * hh;
+      float2 tu = make_float2(0.0f, 0.0f);
+      if (bj == warp)
+        tu = *reinterpret_cast<const float2*>(At + i * LDA + j);
+      else if (bj < warp)
+        tu = *reinterpret_cast<const float2*>(Tl + (i - 16) * LDA + j);
+      const bool row_ok = warp < nb;
+      const float x0 = row_ok && j <= i ? fast_exp(gi[hh] - gj.x) * tu.x * bt.x : 0.0f;
+      const float x1 = row_ok && j + 1 <= i ? fast_exp(gi[hh] - gj.y) * tu.y * bt.y : 0.0f;
+      const std::uint32_t hi = pack2<T>(x0, x1);
+      const float2 hf = unpack2<T>(hi);
+      const std::uint32_t off = swizzle128(i, n) + 4 * t;
+      *reinterpret_cast<std::uint32_t*>(Mh + off) = hi;
+      *reinterpret_cast<std::uint32_t*>(Ml + off) = pack2<T>(x0 - hf.x, x1 - hf.y);
+    }
+  }
+  probe.mark();
+}
+
+// A chunk position in the CTA's list of sequences (blockIdx.z, blockIdx.z + gridDim.z, ...):
+// list entry i, sequence n = [bos, eos), chunk at token c0. i >= num_seqs: past the end.
+struct ChunkPos {
+  std::int64_t i, n, bos, eos, c0;
+  __device__ int nrows() const { return static_cast<int>(eos - c0 < kChunk ? eos - c0 : kChunk); }
+};
+
+// The aux warpgroup: copies and records, one chunk ahead of the state warpgroups.
+template <typename T, int DK>
+__device__ __forceinline__ void fused_aux(const ChunkedParams& p, unsigned char* smem, const int* order, int tid) {
+  using F = FusedSm90<T, DK>;
+  constexpr int C = kChunk;
+  const int h = blockIdx.y;
+  const T* const qh = static_cast<const T*>(p.q) + static_cast<std::int64_t>(h / p.q_group) * p.q_head;
+  const T* const kh = static_cast<const T*>(p.k) + static_cast<std::int64_t>(h / p.k_group) * p.k_head;
+  const T* const vh = static_cast<const T*>(p.v) + static_cast<std::int64_t>(h / p.v_group) * p.v_head +
+                      static_cast<std::int64_t>(blockIdx.x) * F::DVB;
+  // The first chunk of the first non-empty sequence among list entries i, i + gridDim.z, ...
+  auto seek = [&](std::int64_t i) -> ChunkPos {
+    for (; i < p.num_seqs; i += gridDim.z) {
+      const std::int64_t n = p.longest_first ? order[i] : i;
+      const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+      if (eos > bos) return {i, n, bos, eos, bos};
+    }
+    return {i, 0, 0, 0, 0};
+  };
+  auto next = [&](const ChunkPos& c) -> ChunkPos {
+    if (c.c0 + C < c.eos) return {c.i, c.n, c.bos, c.eos, c.c0 + C};
+    return seek(c.i + gridDim.z);
+  };
+  auto load_kq = [&](const ChunkPos& c, int s) {
+    unsigned char* const d = F::kq(smem, s);
+    load_kq_swizzled<128, T, DK>(d, d + F::Walk::k_bytes, kh + c.c0 * p.k_token, p.k_token, qh + c.c0 * p.q_token,
+                                 p.q_token, c.nrows(), C, tid);
+  };
+  auto load_v = [&](const ChunkPos& c, int s) {
+    const int nrows = c.nrows();
+    if (nrows == C)
+      load_tile_full<128, T, F::DVB, F::LDV>(F::v(smem, s), vh + c.c0 * p.v_token, p.v_token, tid);
+    else
+      load_rows_async_n<128, T, F::DVB, F::LDV>(F::v(smem, s), vh + c.c0 * p.v_token, p.v_token, nrows,
+                                                (nrows + 15) / 16 * 16, tid);
+  };
+
+  int j = 0;  // chunks handed to the state warpgroups
+  ChunkPos cur = seek(blockIdx.z);
+  if (cur.i < p.num_seqs) {
+    load_kq(cur, 0);
+    __pipeline_commit();
+    float gb_cur = load_gate_beta(p, cur.c0, cur.nrows(), h, tid);
+    for (;;) {
+      FusedProbe probe;
+#ifdef GDNKIT_FUSED_PROBE
+      probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
+#endif
+      probe.mark();
+      const ChunkPos nxt = next(cur);
+      const bool more = nxt.i < p.num_seqs;
+      if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);  // chunk j - 2 is done with
+      probe.mark();
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+      load_v(cur, j % 2);
+      __pipeline_commit();
+      if (more) load_kq(nxt, (j + 1) % 3);
+#else
+      __pipeline_commit();
+#endif
+      __pipeline_commit();
+      const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
+      probe.mark();
+      __pipeline_wait_prior(2);  // this chunk's K and Q
+      gmma_smem_fence();         // (and their zero-filled rows) before wgmma reads them
+#if GDNKIT_FUSED_PROBE_SKIP != 1
+      fused_record<T, DK>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
+                          reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur,
+                          cur.nrows(), p.scale, tid, probe);
+#endif
+      __pipeline_wait_prior(1);  // this chunk's V
+      gmma_smem_fence();         // the record's stores, before the state warpgroups' wgmma
+      named_arrive(F::kBarFull + j % 2, F::kThreads);
+      probe.mark();
+      probe.print("aux: empty-wait issue | gates qk-wait P | kk+A inv-l1 l2... | Mt | v-wait");
+      ++j;
+      if (!more) break;
+      cur = nxt;
+      gb_cur = gb_next;
+    }
+  }
+  // Every arrival on a barrier is matched before the CTA exits: the last two chunks' EMPTY.
+  for (int jj = j >= 2 ? j - 2 : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % 2, F::kThreads);
+}
+
+// The state warpgroups (tid = thread index among their 256): the walk of every sequence in the
+// CTA's list, empty ones included (their final state is the initial one).
+template <typename T, int DK>
+__device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned char* smem, const int* order, int tid) {
+  using F = FusedSm90<T, DK>;
+  using W = typename F::Walk;
+  constexpr int C = kChunk;
+  const int warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.y;
+  const int v0 = blockIdx.x * F::DVB;
+  WalkLane l;
+  l.g = lane / 4;
+  l.t = lane % 4;
+  l.cw = 16 * warp;
+  l.warp = warp;
+  l.rows_r = (lane & 7) + 8 * (lane >> 4);
+  l.rows_c = 8 * ((lane >> 3) & 1);
+  l.cols_r = (lane & 7) + 8 * ((lane >> 3) & 1);
+  l.cols_c = 8 * (lane >> 4);
+  T* const oh = static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw;
+
+  float st[DK / 8][4];
+  int j = 0;
+  for (std::int64_t i = blockIdx.z; i < p.num_seqs; i += gridDim.z) {
+    const std::int64_t n = p.longest_first ? order[i] : i;
+    const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+    const std::int64_t state_lane = lane_state_offset<DK>(p, n, h, v0 + l.cw + l.g, l.t);
+    load_state_tiles<DK>(st, p, state_lane);
+    bool zero_state = !p.has_initial_state;  // then the first chunk skips K S and Q S
+    for (std::int64_t c0 = bos; c0 < eos; c0 += C, ++j) {
+      const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
+      FusedProbe probe;
+#ifdef GDNKIT_FUSED_PROBE
+      probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
+#endif
+      probe.mark();
+      named_sync(F::kBarFull + j % 2, F::kThreads);
+      probe.mark();
+      unsigned char* const rec = F::rec(smem, j % 2);
+      const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
+                           reinterpret_cast<const float*>(rec + F::rec_gam)};
+      T* const orow0 = oh + c0 * p.o_token;
+#if GDNKIT_FUSED_PROBE_SKIP == 2
+      if (nrows > 0) {}
+      else
+#endif
+      switch ((nrows + 15) / 16) {
+        case 4: walk_chunk<W, 4>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        case 3: walk_chunk<W, 3>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        case 2: walk_chunk<W, 2>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        default: walk_chunk<W, 1>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+      }
+      named_arrive(F::kBarEmpty + j % 2, F::kThreads);
+      probe.mark();
+      probe.print("state: full-wait walk");
+      zero_state = false;
+    }
+    if (p.want_final_state) store_state_tiles<DK>(st, p, state_lane);
+  }
+}
+
+template <typename T, int DK>
+__device__ __forceinline__ void fused_cta(const ChunkedParams& p) {
+  using F = FusedSm90<T, DK>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* const smem =
+      smem_raw + ((kSwizzleAtomBytes - (smem_addr(smem_raw) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
+  const int tid = threadIdx.x;
+  int* const order = reinterpret_cast<int*>(smem + F::off_order);
+  if (p.longest_first) rank_longest_first<F::kThreads>(p, order, order + kLongestFirstMaxSeqs, tid);
+  if (tid < 128) {
+    regs_down<F::kAuxRegs>();
+    fused_aux<T, DK>(p, smem, order, tid);
+  } else {
+    regs_up<F::kStateRegs>();
+    fused_state<T, DK>(p, smem, order, tid - 128);
+  }
+}
+
+// grid = (dv / 128, H, min(N, 65535) or fewer); 384 threads. Images other than sm_90a hold only
+// a trap (the planner never picks the kernel there).
+template <typename T, int DK>
+__global__ void __launch_bounds__(384, 1) gdn_fused_kernel(const ChunkedParams p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();
+#else
+  fused_cta<T, DK>(p);
+#endif
+}
+
+}  // namespace gdnkit::cuda
