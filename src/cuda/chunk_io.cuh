@@ -10,6 +10,15 @@
 
 namespace gdnkit::cuda {
 
+// 128-byte-swizzled tiles (wgmma operands, TMA boxes; wgmma_sm90.cuh): atoms of 8 rows x 128
+// bytes, 1024-byte aligned, the 16-byte chunk c of row r at chunk c ^ (r % 8).
+constexpr std::uint32_t kSwizzleAtomBytes = 1024;
+
+// Byte offset of the 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled column block.
+__host__ __device__ constexpr std::uint32_t swizzle128(int row, int chunk) {
+  return static_cast<std::uint32_t>(row) * 128u + (static_cast<std::uint32_t>(chunk ^ (row & 7)) << 4);
+}
+
 // Copies rows [0, n) of a [rows x COLS] 16-bit global matrix (row stride `stride` elements) into
 // shared memory (ld LD) with 16-byte cp.async, NT threads; rows [n, rows) are zero-filled.
 template <int NT, typename T, int COLS, int LD>

@@ -42,6 +42,8 @@ struct ChunkedParams {
 
   std::int64_t num_seqs = 0;     // N
   std::int64_t uniform_len = 0;  // sequence length when !has_cu_seqlens
+  std::int64_t tokens = 0;       // T, all sequences packed
+  int q_heads = 0, k_heads = 0, v_heads = 0;  // input heads (the fused kernel's tensor maps)
   int num_heads = 0;             // H (output heads)
   int q_group = 1, k_group = 1, v_group = 1;  // input head = output head / group
   int dv = 0;                    // full value head dim (state row length in kv layout)
@@ -94,6 +96,10 @@ inline ChunkedParams chunked_params(const Problem& problem, const detail::Shape&
   p.beta_head = s.beta.head;
   p.num_seqs = s.N;
   p.uniform_len = s.uniform_len;
+  p.tokens = s.T;
+  p.q_heads = s.Hq;
+  p.k_heads = s.Hk;
+  p.v_heads = s.Hv;
   p.num_heads = s.H;
   p.q_group = s.q_group;
   p.k_group = s.k_group;

@@ -1,6 +1,11 @@
 // The fused SM90 kernel's instantiations (fused_sm90.cuh): bf16 and f16, dk 64 and 128, dv 128.
 // Built only with the CUTLASS/CuTe headers (wgmma); without them the list is empty.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "cuda/chunked.h"
 #if GDNKIT_HAS_CUTLASS
@@ -10,11 +15,45 @@
 namespace gdnkit::cuda {
 
 #if GDNKIT_HAS_CUTLASS
+bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t cols, std::int64_t tokens,
+                     int heads, std::int64_t token_stride, std::int64_t head_stride) {
+  // The driver's encoder, looked up once per process.
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  // A dimension of one entry may have any stride (the shape checks skip it); TMA wants a
+  // multiple of 16 bytes, so such a stride is replaced by the next dimension's extent.
+  const std::uint64_t rows = static_cast<std::uint64_t>(std::max<std::int64_t>(tokens, 1));
+  const std::uint64_t row_bytes = tokens > 1 ? static_cast<std::uint64_t>(token_stride) * 2
+                                             : (static_cast<std::uint64_t>(cols) * 2 + 15) / 16 * 16;
+  const std::uint64_t head_bytes = heads > 1 ? static_cast<std::uint64_t>(head_stride) * 2 : row_bytes * rows;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), rows, static_cast<cuuint64_t>(heads)};
+  const cuuint64_t strides[2] = {row_bytes, head_bytes};
+  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 namespace {
 
+// Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
 template <typename T, int DK>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
-  void* args[] = {const_cast<ChunkedParams*>(&params)};
+  FusedParams fp;
+  if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
+  void* args[] = {&fp};
   return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK>), grid,
                           dim3(FusedSm90<T, DK>::kThreads), args, FusedSm90<T, DK>::smem_bytes, stream);
 }

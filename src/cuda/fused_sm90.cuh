@@ -3,24 +3,31 @@
 // no record goes through global memory and K and Q are read once.
 //
 // Three warpgroups, 384 threads:
-//   aux (warps 0-3)    loads every chunk's K, Q (two chunks ahead), V (one ahead), gates and
-//                      beta with cp.async, and computes the chunk's record into shared memory one
-//                      chunk ahead of the walk: Q K^T and K K^T on wgmma (both operands from the
-//                      swizzled K, Q tiles), P and gam/dec from them, A = diag(beta) K K^T, the
-//                      fp32 inverse Tu (invert_unit_lower, the prep kernel's), Mt as hi + lo, all
-//                      written straight into the 128-byte-swizzled tiles the walk's wgmma reads;
+//   aux (warps 0-3)    thread 0 issues TMA copies of every chunk's K and Q (one chunk ahead of
+//                      the aux itself) and V; all four warps compute the chunk's record into shared
+//                      memory one chunk ahead of the walk: Q K^T and K K^T on wgmma (both operands
+//                      from the swizzled K, Q tiles, in flight while the gates' cumsum G is formed),
+//                      P and gam/dec, A = diag(beta) K K^T, the fp32 inverse Tu (invert_unit_lower,
+//                      the prep kernel's), Mt as hi + lo, written straight into the
+//                      128-byte-swizzled tiles the walk's wgmma reads;
 //   state (warps 4-11) two warpgroups of 64 value columns each run the wgmma walk's chunk step
 //                      (walk_chunk with WgmmaWalk's products), the state in registers throughout.
-// Registers move from the aux to the state warpgroups (setmaxnreg: 88 + 2 x 208 = 3 x 168).
+// Registers move from the aux to the state warpgroups (setmaxnreg: 136 + 2 x 184 = 3 x 168, the
+// split with the fewest spills, 68 bytes at dk = 128; 120 + 2 x 192 spills 236 and runs 1.7x slower).
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V and the
-// record in two. Named barriers: FULL[c % 2] (aux arrives when chunk c's K, Q, V and record are in
-// place; the state warps wait), EMPTY[c % 2] (the state warps arrive when done with chunk c; the
-// aux waits before it reuses chunk c's stages for chunk c + 2 and c + 3). The aux's own barrier
-// orders its phases. Tail chunks: K and Q rows past the end are zero-filled to 64, V rows to the
-// next 16-row block, gates and beta of padding rows are 0; the walk runs only the valid row blocks
-// and writes only valid rows, so nothing past a sequence's end is written.
+// record in two; mbarriers track the copies. Named barriers: FULL[c % 2] (aux arrives when chunk
+// c's K, Q, V and record are in place; the state warps wait), EMPTY[c % 2] (the state warps arrive
+// when done with chunk c; the aux waits before it reuses chunk c's stages for chunk c + 2 and
+// c + 3). The aux's own barrier orders its phases.
+//
+// Tail chunks: a TMA box always holds 64 rows, so past a sequence's end it copies the next
+// sequence's rows (or zeros past the tensor). The aux zeroes those rows of K, Q and V before they
+// are used: with finite values they would cancel exactly (zero gates, beta and Mt columns), but a
+// non-finite neighbour would turn 0 x inf into NaN. Gates and beta of padding rows are 0; the walk
+// runs only the valid row blocks and writes only valid rows, so nothing past a sequence's end is
+// written. The descriptors are kernel parameters (__grid_constant__), never modified.
 #pragma once
 
 #include "cuda/prep_kernel.cuh"
@@ -34,14 +41,17 @@ struct FusedSm90 {
   static constexpr int DK = DK_;
   static constexpr int kThreads = 384;
   static constexpr int DVB = 128;              // value columns per CTA (two state warpgroups)
-  using Walk = WgmmaWalk<T, DK, 2>;            // the state warpgroups' products and V layout
-  static constexpr int LDV = Walk::LDV;
+  // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
+  // column blocks of 64 value columns.
+  struct Walk : WgmmaWalk<T, DK, 2> {
+    static constexpr bool kVSwizzled = true;
+  };
   static constexpr int LDA = kChunk + 4;       // fp32 A / Tu rows (as in the prep kernel)
   static constexpr int LDR = 8;
   // Registers per thread: aux + 2 x state = 3 x 168 (a 384-thread launch). Overridable to measure.
 #ifndef GDNKIT_FUSED_AUX_REGS
-#define GDNKIT_FUSED_AUX_REGS 88
-#define GDNKIT_FUSED_STATE_REGS 208
+#define GDNKIT_FUSED_AUX_REGS 136
+#define GDNKIT_FUSED_STATE_REGS 184
 #endif
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
@@ -53,7 +63,7 @@ struct FusedSm90 {
   static constexpr std::size_t rec_gam = 3 * m_bytes;         // Mt hi, Mt lo, P, then gam, dec
   static constexpr std::size_t rec_bytes =
       (rec_gam + 2 * kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
-  static constexpr std::size_t v_bytes = align128(std::size_t(kChunk) * LDV * 2);
+  static constexpr std::size_t v_bytes = std::size_t(DVB / 64) * kChunk * 128;
   static constexpr std::size_t off_kq = 0;                               // 3 stages
   static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // 2 stages
   static constexpr std::size_t off_v = off_rec + 2 * rec_bytes;          // 2 stages
@@ -65,13 +75,41 @@ struct FusedSm90 {
   static constexpr std::size_t off_gates = off_r + align128(std::size_t(4) * 16 * LDR * 4);
   static constexpr std::size_t gates_bytes = 3 * kChunk * 4;
   static constexpr std::size_t off_order = off_gates + 2 * gates_bytes;  // longest-first ranks
-  static constexpr std::size_t smem_bytes = off_order + kWalkOrderBytes + kSwizzleAtomBytes;  // + base alignment
-  static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % 128 == 0, "stages keep their alignment");
+  static constexpr std::size_t off_bar = off_order + kWalkOrderBytes;     // mbarriers: K+Q x 3, V x 2
+  static constexpr std::size_t smem_bytes = off_bar + 5 * 8 + kSwizzleAtomBytes;  // + base alignment
+  static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
+                    rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,
+                "stages keep their alignment");
 
   __device__ static unsigned char* kq(unsigned char* smem, int s) { return smem + off_kq + s * kq_bytes; }
   __device__ static unsigned char* rec(unsigned char* smem, int s) { return smem + off_rec + s * rec_bytes; }
   __device__ static T* v(unsigned char* smem, int s) { return reinterpret_cast<T*>(smem + off_v + s * v_bytes); }
+  __device__ static std::uint64_t* kq_bar(unsigned char* smem, int s) {
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + s;
+  }
+  __device__ static std::uint64_t* v_bar(unsigned char* smem, int s) {
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 3 + s;
+  }
 };
+
+// The kernel's parameters: the split path's, and TMA descriptors of k, q and v as 3-D tensors
+// (columns, tokens, heads), boxes of 64 x 64 x 1 with the 128-byte swizzle. Built on the host for
+// every call and passed by value (__grid_constant__): nothing is shared between launches.
+struct FusedParams {
+  ChunkedParams p;
+  CUtensorMap k, q, v;
+};
+
+// The descriptors of one call; false when the driver rejects a tensor's layout (encode_tile_map,
+// in fused_sm90.cu; the emulation has its own).
+template <typename T, int DK>
+inline bool make_fused_params(const ChunkedParams& p, FusedParams* fp) {
+  constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  fp->p = p;
+  return encode_tile_map(&fp->k, p.k, bf16, DK, p.tokens, p.k_heads, p.k_token, p.k_head) &&
+         encode_tile_map(&fp->q, p.q, bf16, DK, p.tokens, p.q_heads, p.q_token, p.q_head) &&
+         encode_tile_map(&fp->v, p.v, bf16, p.dv, p.tokens, p.v_heads, p.v_token, p.v_head);
+}
 
 // Cycle stamps of the aux's phases (thread 0 of CTA (0, 0, 0), chunk 8), printed, in builds with
 // GDNKIT_FUSED_PROBE defined: a measurement aid, compiled out otherwise. GDNKIT_FUSED_PROBE_SKIP
@@ -119,13 +157,33 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   named_sync(F::kBarAux, 128);
   probe.mark();
 
-  // G in every warp; warp 0 publishes it and gam, dec (G_last = G[63]: padded rows repeat it).
+  // Q K^T and K K^T (rows: Q or K, columns: K; warp w holds rows 16 w + g and + 8, columns
+  // 8 n + 2t, + 1), two commit groups in flight while G is formed.
+  const unsigned char* const ks = kq;
+  const unsigned char* const qs = kq + F::Walk::k_bytes;
+  auto kdesc = [](const unsigned char* tile, int kk) {
+    return gmma_desc(tile + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024);
+  };
+  float qk[32], kkt[32];
+  gmma_fence(qk);
+  gmma_fence(kkt);
+  gmma_arrive();
+#pragma unroll
+  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(qk, kdesc(qs, kk), kdesc(ks, kk), kk > 0);
+  gmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(kkt, kdesc(ks, kk), kdesc(ks, kk), kk > 0);
+  gmma_commit();
+
+  // G in every warp; warp 0 publishes G log2(e) (the exponents below are base 2) and gam, dec
+  // (G_last = G[63]: padded rows repeat it).
   {
     float ga, gb;
     chunk_cumsum(gs, lane, ga, gb);
     if (warp == 0) {
-      Gs[lane] = ga;
-      Gs[lane + 32] = gb;
+      constexpr float kLog2e = 1.4426950408889634f;
+      Gs[lane] = ga * kLog2e;
+      Gs[lane + 32] = gb * kLog2e;
       float* const gam = reinterpret_cast<float*>(rec + F::rec_gam);
       const float g_last = __shfl_sync(0xffffffffu, gb, 31);
       gam[lane] = fast_exp(ga);
@@ -134,21 +192,9 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
       gam[kChunk + lane + 32] = fast_exp(g_last - gb);
     }
   }
-  // Q K^T (rows: Q, columns: K); warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1.
-  const unsigned char* const ks = kq;
-  const unsigned char* const qs = kq + F::Walk::k_bytes;
-  auto kdesc = [](const unsigned char* tile, int kk) {
-    return gmma_desc(tile + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024);
-  };
-  float acc[32];
-  gmma_fence(acc);
-  gmma_arrive();
-#pragma unroll
-  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(acc, kdesc(qs, kk), kdesc(ks, kk), kk > 0);
-  gmma_commit();
   named_sync(F::kBarAux, 128);  // G published
-  gmma_wait<0>();
-  gmma_fence(acc);
+  gmma_wait<1>();
+  gmma_fence(qk);
   probe.mark();
 
   const int i0 = 16 * warp + g;
@@ -163,21 +209,16 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = i0 + 8 * hh;
-        const float x0 = j <= i ? scale * acc[4 * n + 2 * hh] * fast_exp(gi[hh] - gj.x) : 0.0f;
-        const float x1 = j + 1 <= i ? scale * acc[4 * n + 2 * hh + 1] * fast_exp(gi[hh] - gj.y) : 0.0f;
+        const float x0 = j <= i ? scale * qk[4 * n + 2 * hh] * fast_exp2(gi[hh] - gj.x) : 0.0f;
+        const float x1 = j + 1 <= i ? scale * qk[4 * n + 2 * hh + 1] * fast_exp2(gi[hh] - gj.y) : 0.0f;
         *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, n) + 4 * t) = pack2<T>(x0, x1);
       }
     }
   }
   probe.mark();
-  // K K^T, then A = diag(beta) K K^T: block row w (tiles left of and on the diagonal) by warp w.
-  gmma_fence(acc);
-  gmma_arrive();
-#pragma unroll
-  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(acc, kdesc(ks, kk), kdesc(ks, kk), kk > 0);
-  gmma_commit();
+  // A = diag(beta) K K^T: block row w (tiles left of and on the diagonal) by warp w.
   gmma_wait<0>();
-  gmma_fence(acc);
+  gmma_fence(kkt);
   {
     const float b[2] = {bs[i0], bs[i0 + 8]};
 #pragma unroll
@@ -186,7 +227,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
           *reinterpret_cast<float2*>(At + (i0 + 8 * hh) * LDA + 8 * n + 2 * t) =
-              make_float2(b[hh] * acc[4 * n + 2 * hh], b[hh] * acc[4 * n + 2 * hh + 1]);
+              make_float2(b[hh] * kkt[4 * n + 2 * hh], b[hh] * kkt[4 * n + 2 * hh + 1]);
   }
   named_sync(F::kBarAux, 128);
   probe.mark();
@@ -196,9 +237,11 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
                                    probe.mark();
                                  });
 
-  // Mt = exp(G_i - G_j) Tu_ij beta_j (j <= i) as hi + lo; block rows at or past nb are zero.
+  // Mt = exp(G_i - G_j) Tu_ij beta_j (j <= i) as hi + lo; block rows at or past nb are zero. Tu_ij
+  // is read branch-free: from the diagonal block (bj = w), Tl (bj < w), or a masked read (bj > w).
   unsigned char* const Mh = rec;
   unsigned char* const Ml = rec + F::m_bytes;
+  const bool row_ok = warp < nb;
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     const int j = 8 * n + 2 * t, bj = n / 2;
@@ -207,14 +250,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = i0 + 8 * hh;
-      float2 tu = make_float2(0.0f, 0.0f);
-      if (bj == warp)
-        tu = *reinterpret_cast<const float2*>(At + i * LDA + j);
-      else if (bj < warp)
-        tu = *reinterpret_cast<const float2*>(Tl + (i - 16) * LDA + j);
-      const bool row_ok = warp < nb;
-      const float x0 = row_ok && j <= i ? fast_exp(gi[hh] - gj.x) * tu.x * bt.x : 0.0f;
-      const float x1 = row_ok && j + 1 <= i ? fast_exp(gi[hh] - gj.y) * tu.y * bt.y : 0.0f;
+      const float* const src = bj >= warp ? At + i * LDA + j : Tl + (i - 16) * LDA + j;
+      const float2 tu = *reinterpret_cast<const float2*>(src);
+      const float x0 = row_ok && j <= i ? fast_exp2(gi[hh] - gj.x) * tu.x * bt.x : 0.0f;
+      const float x1 = row_ok && j + 1 <= i ? fast_exp2(gi[hh] - gj.y) * tu.y * bt.y : 0.0f;
       const std::uint32_t hi = pack2<T>(x0, x1);
       const float2 hf = unpack2<T>(hi);
       const std::uint32_t off = swizzle128(i, n) + 4 * t;
@@ -232,16 +271,25 @@ struct ChunkPos {
   __device__ int nrows() const { return static_cast<int>(eos - c0 < kChunk ? eos - c0 : kChunk); }
 };
 
-// The aux warpgroup: copies and records, one chunk ahead of the state warpgroups.
+// Zeroes rows [from, 64) of a staged 128-byte-swizzled tile of `blocks` column blocks (the rows past
+// a tail chunk's end, which TMA filled from the next sequence), by the aux's 128 threads.
+__device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, int from, int tid) {
+  for (int idx = tid; idx < blocks * (kChunk - from) * 8; idx += 128) {
+    const int c = idx % 8, r = from + (idx / 8) % (kChunk - from), b = idx / (8 * (kChunk - from));
+    *reinterpret_cast<uint4*>(tile + b * (kChunk * 128) + swizzle128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// The aux warpgroup: copies (TMA, issued by thread 0) and records, one chunk ahead of the state
+// warpgroups.
 template <typename T, int DK>
-__device__ __forceinline__ void fused_aux(const ChunkedParams& p, unsigned char* smem, const int* order, int tid) {
+__device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* smem, const int* order, int tid) {
   using F = FusedSm90<T, DK>;
+  const ChunkedParams& p = fp.p;
   constexpr int C = kChunk;
   const int h = blockIdx.y;
-  const T* const qh = static_cast<const T*>(p.q) + static_cast<std::int64_t>(h / p.q_group) * p.q_head;
-  const T* const kh = static_cast<const T*>(p.k) + static_cast<std::int64_t>(h / p.k_group) * p.k_head;
-  const T* const vh = static_cast<const T*>(p.v) + static_cast<std::int64_t>(h / p.v_group) * p.v_head +
-                      static_cast<std::int64_t>(blockIdx.x) * F::DVB;
+  const int hq = h / p.q_group, hk = h / p.k_group, hv = h / p.v_group;
+  const int v0 = blockIdx.x * F::DVB;
   // The first chunk of the first non-empty sequence among list entries i, i + gridDim.z, ...
   auto seek = [&](std::int64_t i) -> ChunkPos {
     for (; i < p.num_seqs; i += gridDim.z) {
@@ -255,25 +303,29 @@ __device__ __forceinline__ void fused_aux(const ChunkedParams& p, unsigned char*
     if (c.c0 + C < c.eos) return {c.i, c.n, c.bos, c.eos, c.c0 + C};
     return seek(c.i + gridDim.z);
   };
+  // Thread 0 arms a stage's barrier and issues its boxes (64 columns x 64 tokens each).
   auto load_kq = [&](const ChunkPos& c, int s) {
+    if (tid != 0) return;
     unsigned char* const d = F::kq(smem, s);
-    load_kq_swizzled<128, T, DK>(d, d + F::Walk::k_bytes, kh + c.c0 * p.k_token, p.k_token, qh + c.c0 * p.q_token,
-                                 p.q_token, c.nrows(), C, tid);
+    std::uint64_t* const bar = F::kq_bar(smem, s);
+    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::kq_bytes));
+    for (int b = 0; b < DK / 64; ++b) {
+      tma_load_3d(d + b * (C * 128), &fp.k, bar, 64 * b, static_cast<int>(c.c0), hk);
+      tma_load_3d(d + F::Walk::k_bytes + b * (C * 128), &fp.q, bar, 64 * b, static_cast<int>(c.c0), hq);
+    }
   };
   auto load_v = [&](const ChunkPos& c, int s) {
-    const int nrows = c.nrows();
-    if (nrows == C)
-      load_tile_full<128, T, F::DVB, F::LDV>(F::v(smem, s), vh + c.c0 * p.v_token, p.v_token, tid);
-    else
-      load_rows_async_n<128, T, F::DVB, F::LDV>(F::v(smem, s), vh + c.c0 * p.v_token, p.v_token, nrows,
-                                                (nrows + 15) / 16 * 16, tid);
+    if (tid != 0) return;
+    unsigned char* const d = reinterpret_cast<unsigned char*>(F::v(smem, s));
+    std::uint64_t* const bar = F::v_bar(smem, s);
+    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::v_bytes));
+    for (int b = 0; b < F::DVB / 64; ++b) tma_load_3d(d + b * (C * 128), &fp.v, bar, v0 + 64 * b, static_cast<int>(c.c0), hv);
   };
 
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = seek(blockIdx.z);
   if (cur.i < p.num_seqs) {
     load_kq(cur, 0);
-    __pipeline_commit();
     float gb_cur = load_gate_beta(p, cur.c0, cur.nrows(), h, tid);
     for (;;) {
       FusedProbe probe;
@@ -283,27 +335,30 @@ __device__ __forceinline__ void fused_aux(const ChunkedParams& p, unsigned char*
       probe.mark();
       const ChunkPos nxt = next(cur);
       const bool more = nxt.i < p.num_seqs;
+      const int nrows = cur.nrows();
       if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);  // chunk j - 2 is done with
       probe.mark();
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       load_v(cur, j % 2);
-      __pipeline_commit();
       if (more) load_kq(nxt, (j + 1) % 3);
-#else
-      __pipeline_commit();
 #endif
-      __pipeline_commit();
       const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
       probe.mark();
-      __pipeline_wait_prior(2);  // this chunk's K and Q
-      gmma_smem_fence();         // (and their zero-filled rows) before wgmma reads them
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+      mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
+#endif
+      if (nrows < C) zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, tid);
+      gmma_smem_fence();  // the zero rows, before wgmma reads them
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       fused_record<T, DK>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
-                          reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur,
-                          cur.nrows(), p.scale, tid, probe);
+                          reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur, nrows,
+                          p.scale, tid, probe);
 #endif
-      __pipeline_wait_prior(1);  // this chunk's V
-      gmma_smem_fence();         // the record's stores, before the state warpgroups' wgmma
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+      mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V
+#endif
+      if (nrows < C) zero_tile_rows(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)), F::DVB / 64, nrows, tid);
+      gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
       probe.print("aux: empty-wait issue | gates qk-wait P | kk+A inv-l1 l2... | Mt | v-wait");
@@ -379,31 +434,42 @@ __device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned cha
 }
 
 template <typename T, int DK>
-__device__ __forceinline__ void fused_cta(const ChunkedParams& p) {
+__device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   using F = FusedSm90<T, DK>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* const smem =
       smem_raw + ((kSwizzleAtomBytes - (smem_addr(smem_raw) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
   const int tid = threadIdx.x;
   int* const order = reinterpret_cast<int*>(smem + F::off_order);
-  if (p.longest_first) rank_longest_first<F::kThreads>(p, order, order + kLongestFirstMaxSeqs, tid);
+  if (tid == 0) {
+    tma_prefetch(&fp.k);
+    tma_prefetch(&fp.q);
+    tma_prefetch(&fp.v);
+    for (int s = 0; s < 3; ++s) mbar_init(F::kq_bar(smem, s), 1);
+    for (int s = 0; s < 2; ++s) mbar_init(F::v_bar(smem, s), 1);
+    mbar_init_fence();
+  }
+  if (fp.p.longest_first)
+    rank_longest_first<F::kThreads>(fp.p, order, order + kLongestFirstMaxSeqs, tid);  // ends with a CTA barrier
+  else
+    __syncthreads();  // the barriers are initialised
   if (tid < 128) {
     regs_down<F::kAuxRegs>();
-    fused_aux<T, DK>(p, smem, order, tid);
+    fused_aux<T, DK>(fp, smem, order, tid);
   } else {
     regs_up<F::kStateRegs>();
-    fused_state<T, DK>(p, smem, order, tid - 128);
+    fused_state<T, DK>(fp.p, smem, order, tid - 128);
   }
 }
 
 // grid = (dv / 128, H, min(N, 65535) or fewer); 384 threads. Images other than sm_90a hold only
 // a trap (the planner never picks the kernel there).
 template <typename T, int DK>
-__global__ void __launch_bounds__(384, 1) gdn_fused_kernel(const ChunkedParams p) {
+__global__ void __launch_bounds__(384, 1) gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  fused_cta<T, DK>(p);
+  fused_cta<T, DK>(fp);
 #endif
 }
 

@@ -95,6 +95,7 @@ struct MmaSyncWalk {
   static constexpr std::size_t off_rec = off_v + align128(v_bytes);  // Mt hi, Mt lo, P, gam, dec at the record's offsets
   static constexpr std::size_t stage_bytes = off_rec + kRecBytes;
   static constexpr bool kSm90a = false;
+  static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows
   static constexpr std::size_t align = 128;  // of the stages' base (dynamic shared memory is at least this)
   static constexpr std::size_t smem_bytes = 2 * stage_bytes;
   static_assert(DK % 16 == 0 && kRecBytes % 128 == 0, "16-wide key tiles, 128-byte aligned stages");
@@ -262,7 +263,13 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
 #pragma unroll
     for (int rb = 0; rb < NB; ++rb) {
       std::uint32_t vv[4];  // Vt in the C layout of tiles 2 rb (vv[0], vv[1]) and 2 rb + 1 (vv[2], vv[3])
-      ldsm_x4_trans(vv, S.V + (16 * rb + l.rows_r) * LDV + l.cw + l.rows_c);
+      if constexpr (W::kVSwizzled) {  // 128-byte-swizzled column blocks of 64 value columns (TMA)
+        const int col = l.cw + l.rows_c;
+        ldsm_x4_trans(vv, reinterpret_cast<const unsigned char*>(S.V) + (col / 64) * (kChunk * 128) +
+                              swizzle128(16 * rb + l.rows_r, (col % 64) / 8));
+      } else {
+        ldsm_x4_trans(vv, S.V + (16 * rb + l.rows_r) * LDV + l.cw + l.rows_c);
+      }
       float x[2][4];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {

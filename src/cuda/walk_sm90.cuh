@@ -64,6 +64,7 @@ struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kSm90a = true;
+  static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
   static constexpr int DVB = 64 * WG;
   static constexpr int LDV = DVB + 8;

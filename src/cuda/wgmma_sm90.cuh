@@ -17,6 +17,8 @@
 // warp, rows [16 w, 16 w + 16) as N / 8 C tiles of mma.sync's m16n8 layout.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <utility>
 
@@ -25,16 +27,10 @@
 #endif
 #include <cute/arch/mma_sm90_gmma.hpp>
 
+#include "cuda/chunk_io.cuh"
 #include "cuda/mma_sm80.cuh"
 
 namespace gdnkit::cuda {
-
-constexpr std::uint32_t kSwizzleAtomBytes = 1024;
-
-// Byte offset of the 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled column block.
-__host__ __device__ constexpr std::uint32_t swizzle128(int row, int chunk) {
-  return static_cast<std::uint32_t>(row) * 128u + (static_cast<std::uint32_t>(chunk ^ (row & 7)) << 4);
-}
 
 __device__ __forceinline__ std::uint64_t gmma_desc(const void* smem, std::uint32_t lbo, std::uint32_t sbo) {
   const std::uint32_t addr = smem_addr(smem);
@@ -126,6 +122,48 @@ __device__ __forceinline__ void gmma_fence(std::uint32_t (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(x[i]);
 }
+
+// mbarriers (64-bit, in shared memory) and TMA tile loads, for the fused kernel's copies: one
+// thread arms the barrier with the bytes it expects and issues the copies; every consumer waits
+// on the barrier's phase parity (the k-th use of a barrier completes phase k, parity k & 1).
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes barrier initialisation visible to the async proxy (TMA) before the first copy.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Fetches a TMA descriptor into the descriptor cache ahead of its first use.
+__device__ __forceinline__ void tma_prefetch(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+}
+// One box of a 3-D tensor map (box origin c0, c1, c2 in elements) into shared memory at dst,
+// completing `bar`'s expected transaction bytes. Rows outside the tensor arrive as zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, std::uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Host: the TMA descriptor of a [heads][tokens][cols] 16-bit tensor (strides in elements; any
+// stride of a dimension with one entry is ignored), boxes of 64 x 64 x 1, 128-byte swizzle, zeros
+// outside. False when the driver rejects it. Defined in fused_sm90.cu.
+bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t cols, std::int64_t tokens,
+                     int heads, std::int64_t token_stride, std::int64_t head_stride);
 
 // Named barriers (bar.sync / bar.arrive, ids 1..15; 0 is __syncthreads): `count` threads, whole
 // warps, take part; arrive does not wait. A producer's arrive and its consumers' sync on one id

@@ -78,6 +78,18 @@ __device__ __forceinline__ float fast_exp(float x) {
 #endif
 }
 
+// 2^x as one ex2.approx.ftz (fast_exp without its multiply, for exponents already in log2 units).
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  const float y = std::exp2(x);
+  return y < 1.17549435e-38f ? 0.0f : y;
+#endif
+}
+
 template <typename T>
 using FragA = wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major>;
 template <typename T>

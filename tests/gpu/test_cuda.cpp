@@ -522,6 +522,66 @@ TEST_F(Cuda, Continuation) {
     }
 }
 
+// A tail chunk's padding rows must never carry the next sequence's values into the products
+// (the fused kernel's TMA boxes copy them, then zero them): with NaN and inf in the second
+// sequence's q, k and v, the first sequence's o and final state are bit for bit unchanged. Every
+// dk = 128 bf16 kernel that takes dv = 128, required by name.
+TEST_F(Cuda, NonFiniteNeighbourSequence) {
+  std::vector<const char*> names;
+  for (const cuda::SplitKernelList list : {cuda::split_kernels_bf16(), cuda::fused_kernels()})
+    for (int j = 0; j < list.count; ++j)
+      if (list.begin[j].dk == 128 && list.begin[j].dtype == DType::bf16) names.push_back(list.begin[j].name);
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  int ran = 0;
+  for (const char* name : names) {
+    if (std::string(name).find("wgmma") != std::string::npos || std::string(name).find("fused") != std::string::npos)
+      if (!(major == 9 && minor == 0)) continue;
+    Spec s;
+    s.lens = {70, 100};
+    s.Hq = s.Hk = s.Hv = 1;
+    s.dk = s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.seed = 1500;
+    gdnkit::Options o;
+    o.kernel = name;
+    Case c = test::random_case(s);
+    {
+      DeviceCase d(c);
+      test::run_device(c, d, nullptr, o);
+    }
+    const std::vector<std::uint16_t> o_clean = c.o.buf;
+    const std::vector<float> state_clean = c.fin.buf;
+    for (std::int64_t t = c.starts[1]; t < c.starts[2]; ++t) {
+      for (int d = 0; d < s.dk; ++d) {
+        c.qkv[c.q_off + t * c.shape.q.token + d] = 0x7f80;  // bf16 +inf
+        c.qkv[c.k_off + t * c.shape.k.token + d] = test::kNaN16;
+      }
+      for (int d = 0; d < s.dv; ++d) c.qkv[c.v_off + t * c.shape.v.token + d] = test::kNaN16;
+    }
+    c.poison_outputs();
+    {
+      DeviceCase d(c);
+      test::run_device(c, d, nullptr, o);
+    }
+    std::int64_t differ = 0;
+    const std::size_t og = c.o.data() - c.o.buf.data(), sg = c.fin.data() - c.fin.buf.data();
+    for (std::int64_t t = 0; t < c.starts[1]; ++t)
+      for (int d = 0; d < s.dv; ++d) {
+        const std::int64_t i = t * c.shape.o.token + d;
+        differ += c.o.data()[i] != o_clean[static_cast<std::size_t>(i) + og];
+      }
+    for (std::int64_t i = 0; i < c.shape.state_elems(); ++i)
+      differ += std::memcmp(&c.fin.data()[i], &state_clean[static_cast<std::size_t>(i) + sg], 4) != 0;
+    EXPECT_EQ(differ, 0) << name << ": the first sequence changed with a non-finite second one";
+    ++ran;
+  }
+  EXPECT_GE(ran, 4);
+}
+
 // Runs are deterministic: the same inputs give bit-identical outputs, run after run.
 TEST_F(Cuda, BitwiseRepeatable) {
   Spec s;

@@ -16,12 +16,10 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+#include <cuda.h>
+#include "cuda/chunk_io.cuh"
 #include "cuda/mma_sm80.cuh"
 namespace gdnkit::cuda {
-constexpr std::uint32_t kSwizzleAtomBytes = 1024;
-constexpr std::uint32_t swizzle128(int row, int chunk) {
-  return static_cast<std::uint32_t>(row) * 128u + (static_cast<std::uint32_t>(chunk ^ (row & 7)) << 4);
-}
 inline std::uint64_t gmma_desc(const void* smem, std::uint32_t lbo, std::uint32_t sbo) {
   const std::uint32_t addr = smem_addr(smem);
   if (addr % 16) { std::fprintf(stderr, "gmma desc start not 16-byte aligned\n"); std::abort(); }
@@ -164,6 +162,56 @@ inline void named_arrive(int id, int count) {
 inline void reset_named_barriers() {
   for (auto& b : g_named) b.reset();
 }
+// TMA and mbarriers. A copy is recorded at issue and lands when a thread waits on its barrier
+// (so a read before the wait sees stale bytes); the parity argument is not modelled.
+struct TmaCopy {
+  unsigned char* dst;
+  std::vector<unsigned char> bytes;
+};
+inline std::mutex g_tma_mutex;
+inline std::vector<std::pair<std::uint64_t*, TmaCopy>> g_tma_pending;
+inline void mbar_init(std::uint64_t*, int) {}
+inline void mbar_init_fence() {}
+inline void tma_prefetch(const void*) {}
+inline void mbar_expect_tx(std::uint64_t*, std::uint32_t) {}
+inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int c0, int c1, int c2) {
+  const CUtensorMap& m = *static_cast<const CUtensorMap*>(map_ptr);
+  if (reinterpret_cast<std::uintptr_t>(dst) % 1024) { std::fprintf(stderr, "TMA box not 1024-byte aligned\n"); std::abort(); }
+  TmaCopy c{static_cast<unsigned char*>(dst), std::vector<unsigned char>(64 * 128, 0)};
+  for (int r = 0; r < 64; ++r)
+    for (int col = 0; col < 64; ++col) {
+      const std::uint64_t x = std::uint64_t(c0) + col, y = std::uint64_t(c1) + r, z = std::uint64_t(c2);
+      if (x >= m.dims[0] || y >= m.dims[1] || z >= m.dims[2]) continue;  // outside: zeros
+      const unsigned char* src = static_cast<const unsigned char*>(m.base) + z * m.strides[1] + y * m.strides[0] + 2 * x;
+      std::memcpy(c.bytes.data() + swizzle128(r, col / 8) + 2 * (col % 8), src, 2);
+    }
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  g_tma_pending.emplace_back(bar, std::move(c));
+}
+inline void mbar_wait(std::uint64_t* bar, int) {
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  for (auto it = g_tma_pending.begin(); it != g_tma_pending.end();) {
+    if (it->first == bar) {
+      std::memcpy(it->second.dst, it->second.bytes.data(), it->second.bytes.size());
+      it = g_tma_pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+inline bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t cols, std::int64_t tokens,
+                            int heads, std::int64_t token_stride, std::int64_t head_stride) {
+  const std::uint64_t rows = tokens > 1 ? std::uint64_t(tokens) : 1;
+  map->base = base;
+  map->bf16 = bf16;
+  map->dims[0] = std::uint64_t(cols);
+  map->dims[1] = rows;
+  map->dims[2] = std::uint64_t(heads);
+  map->strides[0] = tokens > 1 ? std::uint64_t(token_stride) * 2 : (std::uint64_t(cols) * 2 + 15) / 16 * 16;
+  map->strides[1] = heads > 1 ? std::uint64_t(head_stride) * 2 : map->strides[0] * rows;
+  return map->strides[0] % 16 == 0 && map->strides[1] % 16 == 0;
+}
+
 template <int R> inline void regs_down() {}
 template <int R> inline void regs_up() {}
 
