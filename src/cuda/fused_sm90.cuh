@@ -23,11 +23,13 @@
 // c + 3). The aux's own barrier orders its phases.
 //
 // Tail chunks: a TMA box always holds 64 rows, so past a sequence's end it copies the next
-// sequence's rows (or zeros past the tensor). The aux zeroes those rows of K, Q and V before they
-// are used: with finite values they would cancel exactly (zero gates, beta and Mt columns), but a
-// non-finite neighbour would turn 0 x inf into NaN. Gates and beta of padding rows are 0; the walk
-// runs only the valid row blocks and writes only valid rows, so nothing past a sequence's end is
-// written. The descriptors are kernel parameters (__grid_constant__), never modified.
+// sequence's rows (or zeros past the tensor). With finite values they would cancel exactly (zero
+// gates, beta and Mt columns), but a non-finite neighbour would turn 0 x inf into NaN: the aux
+// zeroes those rows of K and Q before its own products read them, and the walk masks the same
+// rows of X = V - gam K S (walk_chunk), so V's are never used. Gates and beta of padding rows
+// are 0; the walk runs only the valid row blocks and writes only valid rows, so nothing past a
+// sequence's end is written. The descriptors are kernel parameters (__grid_constant__), never
+// modified.
 #pragma once
 
 #include "cuda/prep_kernel.cuh"
@@ -357,7 +359,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V
 #endif
-      if (nrows < C) zero_tile_rows(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)), F::DVB / 64, nrows, tid);
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
