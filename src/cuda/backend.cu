@@ -20,8 +20,9 @@ namespace {
 using detail::fail;
 
 // Whether the planner picks the fused kernel (from kFusedMinWalksPerSm (sequence, head) walks per
-// SM up). Off: measured on an H200 it is still 2.4x slower than the split path on every benchmark
-// row (docs/perf-notes.md, "Fused kernel, first version"); a caller can require it by name.
+// SM up). Off: measured on an H200 it is 1.27x slower than the split path (geomean of the
+// benchmark rows; faster on one) (docs/perf-notes.md, "Fused kernel, first version"); a caller
+// can require it by name.
 constexpr bool kFusedByDefault = false;
 constexpr std::int64_t kFusedMinWalksPerSm = 1;
 using K = Error::Kind;

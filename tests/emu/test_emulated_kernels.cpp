@@ -1,10 +1,10 @@
-// The CUDA path's kernels (src/cuda/prep_kernel.cuh, walk_kernel.cuh, walk_sm90.cuh), compiled for
-// the host and run against the fp64 oracle, with no GPU.
+// The CUDA path's kernels (src/cuda/prep_kernel.cuh, walk_kernel.cuh, walk_sm90.cuh and the fused
+// kernel of fused_sm90.cuh), compiled for the host and run against the fp64 oracle, with no GPU.
 //
 // tests/emu/fake/ stands in for the CUDA headers and intrinsics the kernels use: one std::thread
-// per GPU thread, __syncthreads as a barrier, and ldmatrix, mma.sync, movmatrix and wgmma
-// exchanging operands through per-warp (per-warpgroup) buffers with the fragment layouts of the
-// PTX ISA. The kernel source itself is the real one, so what this checks is its logic: fragment
+// per GPU thread, __syncthreads and named barriers as barriers, ldmatrix, mma.sync, movmatrix and
+// wgmma exchanging operands through per-warp (per-warpgroup) buffers with the fragment layouts of
+// the PTX ISA, and TMA boxes that land when their mbarrier is waited on. The kernel source itself is the real one, so what this checks is its logic: fragment
 // mappings, shared-memory layouts, tail chunks, sequence bounds, head mappings, strides, options.
 // It cannot see timing, races or anything the hardware does differently from the stand-ins; the
 // GPU suite (tests/gpu) does. Shared memory and the workspace are filled with 0xff first, and
