@@ -194,8 +194,13 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
       names += (names.empty() ? "" : ", ") + std::string(k.name);
       if (want == k.name) split = &k;
     }
-  if (split == nullptr)
+  if (split == nullptr) {
+    // A fused kernel of this dtype and dk exists, but it walks 128 value columns per CTA.
+    const SplitKernel* fused = find_fused_kernel(problem.qkv_dtype, s.dk);
+    if (fused != nullptr && want == fused->name && s.dv != 128)
+      fail(K::unsupported, "options.kernel", want + " with head_dim_v 128", "head_dim_v " + str(s.dv));
     fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
+  }
   if (!walk_runs_on(*split, c) || !fits(*split, smem_optin))
     fail(K::unsupported, "options.kernel",
          "a kernel this device runs (" + want + " needs " +

@@ -108,6 +108,7 @@ template <typename T, int DK>
 inline bool make_fused_params(const ChunkedParams& p, FusedParams* fp) {
   constexpr bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   fp->p = p;
+  if (p.tokens == 0) return true;  // no chunks, no copies (q, k, v may be null): only final states
   return encode_tile_map(&fp->k, p.k, bf16, DK, p.tokens, p.k_heads, p.k_token, p.k_head) &&
          encode_tile_map(&fp->q, p.q, bf16, DK, p.tokens, p.q_heads, p.q_token, p.q_head) &&
          encode_tile_map(&fp->v, p.v, bf16, p.dv, p.tokens, p.v_heads, p.v_token, p.v_head);

@@ -279,6 +279,17 @@ TEST(Emulated, FusedKernel) {
     s.seed = 1300 + i++;
     check(s, kFused, 65535, true);  // a CTA per sequence, longest first
   }
+  {  // no tokens at all: the final states are the initial ones
+    Spec s;
+    s.lens = {0, 0};
+    s.Hq = s.Hk = s.Hv = 1;
+    s.dk = 64;
+    s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.seed = 1390;
+    check(s, kFused);
+  }
   for (int bits : {0, 5, 22, 63}) {
     Spec s;
     s.lens = {70, 0, 5};

@@ -459,6 +459,16 @@ TEST_F(Cuda, EveryKernel) {
   o.kernel = "cuda-split-mma-bf16-k128-w3";
   expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::invalid_value, "options.kernel",
                "cuda-split-mma-bf16-k128-w4");
+  // The fused kernel walks 128 value columns per CTA: required at dv = 64, it is refused by name.
+  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128) != nullptr) {
+    Spec s64 = s;
+    s64.dv = 64;
+    Case c64 = test::random_case(s64);
+    DeviceCase d64(c64);
+    o.kernel = "cuda-fused-sm90-bf16-k128";
+    expect_error([&] { Plan::create(d64.problem(), o); }, Error::Kind::unsupported, "options.kernel",
+                 "head_dim_v 128");
+  }
 }
 
 // Running the first part of each sequence, then the rest from its final state, equals one run:
