@@ -384,15 +384,7 @@ __device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned cha
   const int warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.y;
   const int v0 = blockIdx.x * F::DVB;
-  WalkLane l;
-  l.g = lane / 4;
-  l.t = lane % 4;
-  l.cw = 16 * warp;
-  l.warp = warp;
-  l.rows_r = (lane & 7) + 8 * (lane >> 4);
-  l.rows_c = 8 * ((lane >> 3) & 1);
-  l.cols_r = (lane & 7) + 8 * ((lane >> 3) & 1);
-  l.cols_c = 8 * (lane >> 4);
+  const WalkLane l = walk_lane(warp, lane);
   T* const oh = static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw;
 
   float st[DK / 8][4];

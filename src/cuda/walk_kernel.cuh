@@ -66,6 +66,20 @@ struct WalkLane {
   int cols_r, cols_c;
 };
 
+// The constants of lane `lane` of walk warp `warp` (the warp's index among the walking warps).
+__device__ __forceinline__ WalkLane walk_lane(int warp, int lane) {
+  WalkLane l;
+  l.g = lane / 4;
+  l.t = lane % 4;
+  l.cw = 16 * warp;
+  l.warp = warp;
+  l.rows_r = (lane & 7) + 8 * (lane >> 4);
+  l.rows_c = 8 * ((lane >> 3) & 1);
+  l.cols_r = (lane & 7) + 8 * ((lane >> 3) & 1);
+  l.cols_c = 8 * (lane >> 4);
+  return l;
+}
+
 // The staged operands of one chunk, as the shared step sees them.
 template <typename T>
 struct WalkStage {
@@ -419,15 +433,7 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
   const int warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.y;
   const int v0 = blockIdx.x * DVB;  // the CTA's first value column
-  WalkLane l;
-  l.g = lane / 4;
-  l.t = lane % 4;
-  l.cw = 16 * warp;
-  l.warp = warp;
-  l.rows_r = (lane & 7) + 8 * (lane >> 4);
-  l.rows_c = 8 * ((lane >> 3) & 1);
-  l.cols_r = (lane & 7) + 8 * ((lane >> 3) & 1);
-  l.cols_c = 8 * (lane >> 4);
+  const WalkLane l = walk_lane(warp, lane);
   const int g = l.g, t = l.t, cw = l.cw;
 
   const T* const qh = static_cast<const T*>(p.q) + static_cast<std::int64_t>(h / p.q_group) * p.q_head;
