@@ -685,6 +685,37 @@ def test_torch_cuda(rng, torch_cuda, case):
     np.testing.assert_allclose(st_kv, rs, rtol=0, atol=CUDA_STATE_TOL[dtype] * np.abs(rs).max())
 
 
+@pytest.mark.parametrize("dtype, dk", [("bfloat16", 128), ("float16", 64)])
+def test_torch_cuda_fused_kernel(rng, torch_cuda, dtype, dk):
+    """The fused SM90 kernel required by name agrees with the fp64 oracle within the CUDA
+    tolerances, and with the planner's kernel; off compute capability 9.0 it is refused."""
+    torch = torch_cuda
+    dev = torch.device("cuda")
+    tdt = getattr(torch, dtype)
+    name = f"cuda-fused-sm90-{'bf16' if dtype == 'bfloat16' else 'f16'}-k{dk}"
+    lengths = [130, 0, 64, 65, 3]
+    T = sum(lengths)
+    q, k, v, g, beta = make_inputs(rng, (T,), 1, 1, 2, dk, 128, dtype=np.float32)
+    tq, tk, tv = (torch.from_numpy(x).to(dev, tdt) for x in (q, k, v))
+    tg, tb = torch.from_numpy(g).to(dev), torch.from_numpy(beta).to(dev)
+    cu = torch.from_numpy(cu_of(lengths)).to(dev)
+    h0 = torch.from_numpy((0.1 * rng.standard_normal((len(lengths), 2, dk, 128))).astype(np.float32)).to(dev)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        with pytest.raises(RuntimeError, match="options.kernel"):
+            gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, kernel=name, **kw)
+        return
+    o, st = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, kernel=name, **kw)
+    o_plan, st_plan = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, **kw)
+    f64 = lambda t: t.to(torch.float64).cpu().numpy()  # noqa: E731
+    ro, rs = reference(f64(tq), f64(tk), f64(tv), f64(tg), f64(tb), None, h0.cpu().numpy(), cu_of(lengths))
+    assert_o_close(f64(o), ro, **CUDA_TOL[dtype])
+    np.testing.assert_allclose(f64(st), rs, rtol=0, atol=CUDA_STATE_TOL[dtype] * np.abs(rs).max())
+    # The same roundings as the split path: the two agree far inside the oracle tolerance.
+    assert np.abs(f64(o) - f64(o_plan)).max() <= CUDA_TOL[dtype]["rtol"] * np.abs(ro).max()
+    assert np.abs(f64(st) - f64(st_plan)).max() <= CUDA_STATE_TOL[dtype] * np.abs(rs).max()
+
+
 def test_torch_cuda_stream_and_checks(rng, torch_cuda):
     torch = torch_cuda
     dev = torch.device("cuda")
