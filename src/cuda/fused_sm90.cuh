@@ -363,7 +363,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
-      probe.print("aux: EMPTY | issue | K,Q wait + gates | cumsum + Q K^T | P | A | diagonal | rows 1 2 3 | Mt | V + FULL");
+      probe.print("aux: EMPTY | issue | K,Q wait + gates | cumsum + Q K^T | P | A | diagonal | rows 1 2 3 | Mt | "
+                  "V + FULL");
       ++j;
       if (!more) break;
       cur = nxt;
