@@ -68,6 +68,20 @@ inline GmmaPtr gmma_in_flight(const float* d) {
       if ((*it)->d == d) return *it;
   return nullptr;
 }
+// This thread's accumulator entries of an m64nNk16 product: rows 16 warp + g (+ 8), columns
+// 8 j + 2t (+ 1), the mma.sync C layout; A(m, k) and B(k, n) give the operands' elements.
+template <int N, class FA, class FB>
+inline void gmma_accumulate(GmmaPending& p, const std::vector<float>& in, int me, FA&& A, FB&& B) {
+  const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
+  p.value.assign(N / 2, 0.0f);
+  for (int j = 0; j < N / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int m = 16 * warp + g + 8 * (e / 2), n = 8 * j + 2 * t + e % 2;
+      float s = in[4 * j + e];
+      for (int k = 0; k < 16; ++k) s += A(m, k) * B(k, n);
+      p.value[4 * j + e] = s;
+    }
+}
 template <typename T, int N, bool B_MN_MAJOR>
 inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc, bool accumulate) {
   const int wg = threadIdx.x / 128, me = threadIdx.x % 128;
@@ -93,15 +107,7 @@ inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_
       return h2f<T>(half(p.wg_a[4 * (32 * warp + lane) + (r >= 8) + 2 * (k >= 8)], k % 2));
     };
     auto B = [&](int k, int n) { return h2f<T>(smem_operand(start, lbo, sbo, k, n, B_MN_MAJOR)); };
-    const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
-    p.value.assign(N / 2, 0.0f);
-    for (int j = 0; j < N / 8; ++j)
-      for (int e = 0; e < 4; ++e) {
-        const int m = 16 * warp + g + 8 * (e / 2), n = 8 * j + 2 * t + e % 2;
-        float s = in[4 * j + e];
-        for (int k = 0; k < 16; ++k) s += A(m, k) * B(k, n);
-        p.value[4 * j + e] = s;
-      }
+    gmma_accumulate<N>(p, in, me, A, B);
   };
   wgbar();  // every thread has copied x.a before the next product overwrites it
   for (int i = 0; i < N / 2; ++i) d[i] = std::nanf("");
@@ -120,17 +126,13 @@ inline void gmma_ss(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_
   if (!pend->chain) pend->init = accumulate ? std::vector<float>(d, d + N / 2) : std::vector<float>(N / 2, 0.0f);
   pend->compute = [desc_a, desc_b, me](GmmaPending& p, const std::vector<float>& in) {
     auto field = [](std::uint64_t desc, int sh) { return static_cast<std::uint32_t>(((desc >> sh) & 0x3fff) << 4); };
-    const int warp = me / 32, lane = me % 32, g = lane / 4, t = lane % 4;
-    p.value.assign(N / 2, 0.0f);
-    for (int j = 0; j < N / 8; ++j)
-      for (int e = 0; e < 4; ++e) {
-        const int m = 16 * warp + g + 8 * (e / 2), n = 8 * j + 2 * t + e % 2;
-        float s = in[4 * j + e];
-        for (int k = 0; k < 16; ++k)
-          s += h2f<T>(smem_operand(field(desc_a, 0), field(desc_a, 16), field(desc_a, 32), k, m, false)) *
-               h2f<T>(smem_operand(field(desc_b, 0), field(desc_b, 16), field(desc_b, 32), k, n, false));
-        p.value[4 * j + e] = s;
-      }
+    auto A = [&](int m, int k) {
+      return h2f<T>(smem_operand(field(desc_a, 0), field(desc_a, 16), field(desc_a, 32), k, m, false));
+    };
+    auto B = [&](int k, int n) {
+      return h2f<T>(smem_operand(field(desc_b, 0), field(desc_b, 16), field(desc_b, 32), k, n, false));
+    };
+    gmma_accumulate<N>(p, in, me, A, B);
   };
   wgbar();
   for (int i = 0; i < N / 2; ++i) d[i] = std::nanf("");
