@@ -25,8 +25,9 @@
 // Tail chunks: a TMA box always holds 64 rows, so past a sequence's end it copies the next
 // sequence's rows (or zeros past the tensor). With finite values they would cancel exactly (zero
 // gates, beta and Mt columns), but a non-finite neighbour would turn 0 x inf into NaN: the aux
-// zeroes those rows of K and Q before its own products read them, and the walk masks the same
-// rows of X = V - gam K S (walk_chunk), so V's are never used. Gates and beta of padding rows
+// zeroes those rows of K and Q before its own products read them, and each state warpgroup zeroes
+// the rows of its V columns that the walk reads (racecheck flags the aux doing it across the FULL
+// barrier; masking X in the walk costs the walk spills). Gates and beta of padding rows
 // are 0; the walk runs only the valid row blocks and writes only valid rows, so nothing past a
 // sequence's end is written. The descriptors are kernel parameters (__grid_constant__), never
 // modified.
@@ -58,7 +59,8 @@ struct FusedSm90 {
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
                 "setmaxnreg budget of a 384-thread CTA");
-  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = 4;  // named barrier ids (+ stage)
+  // Named barrier ids (+ stage, or + state warpgroup for kBarVTail).
+  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = 4, kBarVTail = 6;
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
@@ -177,6 +179,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 #pragma unroll
   for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(kkt, kdesc(ks, kk), kdesc(ks, kk), kk > 0);
   gmma_commit();
+  probe.mark();
 
   // G in every warp; warp 0 publishes G log2(e) (the exponents below are base 2) and gam, dec
   // (G_last = G[63]: padded rows repeat it).
@@ -196,13 +199,19 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     }
   }
   named_sync(F::kBarAux, 128);  // G published
-  gmma_wait<1>();
-  gmma_fence(qk);
   probe.mark();
 
+  // The decay D_ij = exp(G_i - G_j) (j <= i, else 0) once per element, for both P and A:
+  //   P = scale * (Q K^T) .* D, stored as the walk's 16-bit tile;
+  //   A = diag(beta) (K K^T) .* D (block row w, tiles left of and on the diagonal, by warp w),
+  // so that the inverse of I + strict_lower(A) is D .* Tu (a similarity by diag(exp(G))) and Mt
+  // below needs no exponentials. Every exponent is <= 0: nothing overflows for any gates.
   const int i0 = 16 * warp + g;
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
-  // P = scale * lower_incl(Q K^T) .* exp(G_i - G_j).
+  const float b[2] = {bs[i0], bs[i0 + 8]};
+  gmma_wait<0>();
+  gmma_fence(qk);
+  gmma_fence(kkt);
   {
     unsigned char* const P = rec + 2 * F::m_bytes;
 #pragma unroll
@@ -212,59 +221,75 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int i = i0 + 8 * hh;
-        const float x0 = j <= i ? scale * qk[4 * n + 2 * hh] * fast_exp2(gi[hh] - gj.x) : 0.0f;
-        const float x1 = j + 1 <= i ? scale * qk[4 * n + 2 * hh + 1] * fast_exp2(gi[hh] - gj.y) : 0.0f;
-        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, n) + 4 * t) = pack2<T>(x0, x1);
+        const float d0 = j <= i ? fast_exp2(gi[hh] - gj.x) : 0.0f;
+        const float d1 = j + 1 <= i ? fast_exp2(gi[hh] - gj.y) : 0.0f;
+        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, n) + 4 * t) =
+            pack2<T>(scale * qk[4 * n + 2 * hh] * d0, scale * qk[4 * n + 2 * hh + 1] * d1);
+        if (n <= 2 * warp + 1)
+          *reinterpret_cast<float2*>(At + i * LDA + j) =
+              make_float2(b[hh] * kkt[4 * n + 2 * hh] * d0, b[hh] * kkt[4 * n + 2 * hh + 1] * d1);
       }
     }
   }
-  probe.mark();
-  // A = diag(beta) K K^T: block row w (tiles left of and on the diagonal) by warp w.
-  gmma_wait<0>();
-  gmma_fence(kkt);
-  {
-    const float b[2] = {bs[i0], bs[i0 + 8]};
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-      if (n <= 2 * warp + 1)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          *reinterpret_cast<float2*>(At + (i0 + 8 * hh) * LDA + 8 * n + 2 * t) =
-              make_float2(b[hh] * kkt[4 * n + 2 * hh], b[hh] * kkt[4 * n + 2 * hh + 1]);
-  }
   named_sync(F::kBarAux, 128);
   probe.mark();
-  invert_unit_lower<LDA, F::LDR>(At, Tl, reinterpret_cast<float*>(smem + F::off_r), nb, warp, lane,
-                                 [&] {
-                                   named_sync(F::kBarAux, 128);
-                                   probe.mark();
-                                 });
-
-  // Mt = exp(G_i - G_j) Tu_ij beta_j (j <= i) as hi + lo; block rows at or past nb are zero. Tu_ij
-  // is read branch-free: from the diagonal block (bj = w), Tl (bj < w), or a masked read (bj > w).
+  // The inverse D .* Tu, and Mt = (D .* Tu) diag(beta) as hi + lo straight from its registers as
+  // each block is formed: the diagonal blocks by columns (lane j < 16 of warp w holds column
+  // 16 w + j), the blocks left of the diagonal as mma fragments. The blocks right of the diagonal
+  // are zero from the kernel's start (zero_record_tiles) and never written; a tail chunk zeroes
+  // the block rows at or past nb, which the inverse leaves alone.
   unsigned char* const Mh = rec;
   unsigned char* const Ml = rec + F::m_bytes;
-  const bool row_ok = warp < nb;
+  auto put_pair = [&](int r, int c, float v0, float v1) {  // Mt[r][c], Mt[r][c + 1] (c even)
+    const std::uint32_t hi = pack2<T>(v0, v1);
+    const float2 hf = unpack2<T>(hi);
+    const std::uint32_t off = swizzle128(r, c / 8) + 2 * (c % 8);
+    *reinterpret_cast<std::uint32_t*>(Mh + off) = hi;
+    *reinterpret_cast<std::uint32_t*>(Ml + off) = pack2<T>(v0 - hf.x, v1 - hf.y);
+  };
+  auto emit_diag = [&](const float (&x)[16]) {
+    const int c = 16 * warp + lane;
+    const float bc = bs[c];
 #pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const int j = 8 * n + 2 * t, bj = n / 2;
-    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
-    const float2 bt = *reinterpret_cast<const float2*>(bs + j);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int i = i0 + 8 * hh;
-      const float* const src = bj >= warp ? At + i * LDA + j : Tl + (i - 16) * LDA + j;
-      const float2 tu = *reinterpret_cast<const float2*>(src);
-      const float x0 = row_ok && j <= i ? fast_exp2(gi[hh] - gj.x) * tu.x * bt.x : 0.0f;
-      const float x1 = row_ok && j + 1 <= i ? fast_exp2(gi[hh] - gj.y) * tu.y * bt.y : 0.0f;
-      const std::uint32_t hi = pack2<T>(x0, x1);
-      const float2 hf = unpack2<T>(hi);
-      const std::uint32_t off = swizzle128(i, n) + 4 * t;
-      *reinterpret_cast<std::uint32_t*>(Mh + off) = hi;
-      *reinterpret_cast<std::uint32_t*>(Ml + off) = pack2<T>(x0 - hf.x, x1 - hf.y);
+    for (int i = 0; i < 16; ++i) {
+      const float v = x[i] * bc;
+      const std::uint32_t hi = pack2<T>(v, 0.0f);
+      const std::uint32_t off = swizzle128(16 * warp + i, c / 8) + 2 * (c % 8);
+      *reinterpret_cast<std::uint16_t*>(Mh + off) = static_cast<std::uint16_t>(hi);
+      *reinterpret_cast<std::uint16_t*>(Ml + off) = static_cast<std::uint16_t>(pack2<T>(v - unpack2<T>(hi).x, 0.0f));
+    }
+  };
+  auto emit_block = [&](int I, int J, int nt, const float (&o)[4]) {
+    const int c = 16 * J + 8 * nt + 2 * t;
+    const float2 bc = *reinterpret_cast<const float2*>(bs + c);
+    put_pair(16 * I + g, c, o[0] * bc.x, o[1] * bc.y);
+    put_pair(16 * I + g + 8, c, o[2] * bc.x, o[3] * bc.y);
+  };
+  invert_unit_lower<LDA, F::LDR>(
+      At, Tl, reinterpret_cast<float*>(smem + F::off_r), nb, warp, lane,
+      [&] {
+        named_sync(F::kBarAux, 128);
+        probe.mark();
+      },
+      emit_diag, emit_block);
+  if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero
+    for (int idx = tid; idx < 2 * (kChunk - 16 * nb) * 8; idx += 128) {
+      const int c = idx % 8, r = 16 * nb + (idx / 8) % (kChunk - 16 * nb);
+      *reinterpret_cast<uint4*>((idx < (kChunk - 16 * nb) * 8 ? Mh : Ml) + swizzle128(r, c)) =
+          make_uint4(0u, 0u, 0u, 0u);
     }
   }
   probe.mark();
+}
+
+// Zeroes the Mt hi and lo tiles of both record stages, once per CTA before the first record
+// (fused_record writes only their blocks on and left of the diagonal), by the aux's 128 threads.
+template <typename T, int DK>
+__device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) {
+  using F = FusedSm90<T, DK>;
+  for (int s = 0; s < 2; ++s)
+    for (int idx = tid; idx < int(2 * F::m_bytes / 16); idx += 128)
+      reinterpret_cast<uint4*>(F::rec(smem, s))[idx] = make_uint4(0u, 0u, 0u, 0u);
 }
 
 // A chunk position in the CTA's list of sequences (blockIdx.z, blockIdx.z + gridDim.z, ...):
@@ -274,11 +299,12 @@ struct ChunkPos {
   __device__ int nrows() const { return static_cast<int>(eos - c0 < kChunk ? eos - c0 : kChunk); }
 };
 
-// Zeroes rows [from, 64) of a staged 128-byte-swizzled tile of `blocks` column blocks (the rows past
-// a tail chunk's end, which TMA filled from the next sequence), by the aux's 128 threads.
-__device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, int from, int tid) {
-  for (int idx = tid; idx < blocks * (kChunk - from) * 8; idx += 128) {
-    const int c = idx % 8, r = from + (idx / 8) % (kChunk - from), b = idx / (8 * (kChunk - from));
+// Zeroes rows [from, to) of a staged 128-byte-swizzled tile of `blocks` column blocks (the rows past
+// a tail chunk's end, which TMA filled from the next sequence), by 128 threads (tid < 128).
+__device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, int from, int to, int tid) {
+  const int rows = to - from;
+  for (int idx = tid; idx < blocks * rows * 8; idx += 128) {
+    const int c = idx % 8, r = from + (idx / 8) % rows, b = idx / (8 * rows);
     *reinterpret_cast<uint4*>(tile + b * (kChunk * 128) + swizzle128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
   }
 }
@@ -329,6 +355,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   ChunkPos cur = seek(blockIdx.z);
   if (cur.i < p.num_seqs) {
     load_kq(cur, 0);
+    zero_record_tiles<T, DK>(smem, tid);  // ordered before the records' writes by fused_record's first barrier
     float gb_cur = load_gate_beta(p, cur.c0, cur.nrows(), h, tid);
     for (;;) {
       FusedProbe probe;
@@ -345,13 +372,17 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       load_v(cur, j % 2);
       if (more) load_kq(nxt, (j + 1) % 3);
 #endif
+      probe.mark();
       const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
       probe.mark();
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
 #endif
-      if (nrows < C) zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, tid);
-      gmma_smem_fence();  // the zero rows, before wgmma reads them
+      if (nrows < C) {
+        zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, C, tid);
+        gmma_smem_fence();  // the zero rows, before wgmma reads them (only here: the fence waits
+                            // for this thread's outstanding loads, the next chunk's gates)
+      }
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       fused_record<T, DK>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
                           reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur, nrows,
@@ -363,8 +394,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
-      probe.print("aux: EMPTY | issue | K,Q wait + gates | cumsum + Q K^T | P | A | diagonal | rows 1 2 3 | Mt | "
-                  "V + FULL");
+      probe.print("aux: EMPTY | TMA issue | gate loads | K,Q wait, gates | wgmma issue | cumsum | products' wait, P, A | "
+                  "diagonal | rows 1 2 3 | Mt | V + FULL");
       ++j;
       if (!more) break;
       cur = nxt;
@@ -405,6 +436,18 @@ __device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned cha
       probe.mark();
       named_sync(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
+      if (nrows < C) {
+        // A tail chunk: each warpgroup zeroes the rows of its own 64 V columns that the walk reads
+        // past the end, [nrows, 16 nb) (TMA filled them from the next sequence), and fences them
+        // before a later TMA copy rewrites the stage.
+        // At most 15 rows of 8 16-byte words: one store per thread.
+        const int idx = tid % 128, r = nrows + idx / 8;
+        if (r < 16 * ((nrows + 15) / 16))
+          *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (tid / 128) * (C * 128) +
+                                    swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
+        gmma_smem_fence();
+        named_sync(F::kBarVTail + tid / 128, 128);
+      }
       unsigned char* const rec = F::rec(smem, j % 2);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam)};

@@ -140,12 +140,26 @@ __device__ __forceinline__ void a_block_row(float* At, const T* Ks, const float*
   }
 }
 
-// d += A B for fp32 A (16 x 8 at a, ld lda) and B (8 x 8 at b, ld ldb), as three tf32 products
-// (lo hi + hi lo + hi hi): hi = tf32(x), lo = tf32(x - hi), every term but lo lo kept, ~2^-21
-// relative error per product (tests/cpu/test_inverse.cpp models this split; truncating instead
-// of rounding measured 1.5x less accurate there).
-__device__ __forceinline__ void mma1688_3xtf32(float (&d)[4], const float* a, int lda, const float* b, int ldb,
-                                               int g, int t) {
+// Accumulators of A B as three tf32 products (lo hi, hi lo, hi hi; hi = tf32(x), lo = tf32(x - hi),
+// every term but lo lo kept, ~2^-21 relative error per product; tests/cpu/test_inverse.cpp models
+// this split, and truncating instead of rounding measured 1.5x less accurate there). Each term has
+// its own accumulator, so a sum over k runs as three short dependency chains of mma.sync rather
+// than one long one; sum() adds the small terms first.
+struct Tf32x3 {
+  float lohi[4], hilo[4], hihi[4];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) lohi[e] = hilo[e] = hihi[e] = 0.0f;
+  }
+  __device__ __forceinline__ void sum(float (&d)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[e] = (lohi[e] + hilo[e]) + hihi[e];
+  }
+};
+
+// d += A B for fp32 A (16 x 8 at a, ld lda) and B (8 x 8 at b, ld ldb).
+__device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const float* a, int lda, const float* b, int ldb, int g,
+                                               int t) {
   const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
   const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
   std::uint32_t ah[4], al[4], bh[2], bl[2];
@@ -159,9 +173,9 @@ __device__ __forceinline__ void mma1688_3xtf32(float (&d)[4], const float* a, in
     bh[e] = tf32_round(bv[e]);
     bl[e] = tf32_round(bv[e] - __uint_as_float(bh[e]));
   }
-  mma1688_tf32(d, al, bh[0], bh[1]);
-  mma1688_tf32(d, ah, bl[0], bl[1]);
-  mma1688_tf32(d, ah, bh[0], bh[1]);
+  mma1688_tf32(d.lohi, al, bh[0], bh[1]);
+  mma1688_tf32(d.hilo, ah, bl[0], bl[1]);
+  mma1688_tf32(d.hihi, ah, bh[0], bh[1]);
 }
 
 // The gate of row tid (tid < 64) or the beta of row tid - 64 (64 <= tid < 128) of the chunk at
@@ -203,15 +217,19 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 // and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
 // Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() is a barrier of the four warps; the
 // caller's barrier must separate the writes of A from this call, and this call ends with one.
+// Each block of Tu is also handed to the caller as it is formed, in registers: emit_diag(x) by lane
+// j < 16 of warp b with x = column j of the diagonal block b, emit_block(I, J, nt, o) by every lane
+// of a warp with o = the mma C fragment of columns [8 nt, 8 nt + 8) of block (I, J).
 //   1. warp b inverts diagonal block b by forward substitution, lane j < 16 solving column j:
 //      x_i = [i == j] - sum_{m < i} A_im x_m (zero above the diagonal);
 //   2. block rows I = 1 .. nb - 1: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, on
 //      mma.sync with tf32 operands split as hi + lo (mma1688_3xtf32). Warp w computes the 8
 //      columns w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1 (w >= 2), which balances
 //      the M sums; R goes through the warp's scratch into B fragments.
-template <int LDA, int LDR, class Sync>
+template <int LDA, int LDR, class Sync, class EmitDiag, class EmitBlock>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
-                                                  Sync&& sync) {
+                                                  Sync&& sync, EmitDiag&& emit_diag, EmitBlock&& emit_block) {
+  static_assert(LDA % 4 == 0, "16-byte rows");
   const int g = lane / 4, t = lane % 4;
   if (warp < nb) {
     float* const Ab = At + (16 * warp) * LDA + 16 * warp;
@@ -219,9 +237,15 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
     if (lane < 16) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
+        // Row i's first i entries as 16-byte broadcast loads (the rows are 16-byte aligned).
         float s = 0.0f;
 #pragma unroll
-        for (int m = 0; m < i; ++m) s += Ab[i * LDA + m] * x[m];
+        for (int m4 = 0; m4 < i; m4 += 4) {
+          const float4 a = *reinterpret_cast<const float4*>(Ab + i * LDA + m4);
+          const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+          for (int m = m4; m < m4 + 4 && m < i; ++m) s += av[m - m4] * x[m];
+        }
         x[i] = (i == lane ? 1.0f : 0.0f) - s;
       }
     }
@@ -229,6 +253,7 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
     if (lane < 16) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) Ab[i * LDA + lane] = x[i];
+      emit_diag(x);
     }
   }
   sync();
@@ -241,24 +266,32 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
   for (int I = 1; I < nb; ++I) {
     const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
     for (int J = j_begin; J < j_end; ++J) {
-      float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      Tf32x3 acc;
+      acc.zero();
       for (int M = J; M < I; ++M) {
         const float* const a = At + (16 * I) * LDA + 16 * M;
         const float* const b = tu_block(M, J) + 8 * nt;
-        mma1688_3xtf32(r, a, LDA, b, LDA, g, t);
-        mma1688_3xtf32(r, a + 8, LDA, b + 8 * LDA, LDA, g, t);
+        mma1688_3xtf32(acc, a, LDA, b, LDA, g, t);
+        mma1688_3xtf32(acc, a + 8, LDA, b + 8 * LDA, LDA, g, t);
       }
+      float r[4];
+      acc.sum(r);
       *reinterpret_cast<float2*>(Rw + g * LDR + 2 * t) = make_float2(r[0], r[1]);
       *reinterpret_cast<float2*>(Rw + (g + 8) * LDR + 2 * t) = make_float2(r[2], r[3]);
       __syncwarp();
-      float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const float* const tii = At + (16 * I) * LDA + 16 * I;
-      mma1688_3xtf32(o, tii, LDA, Rw, LDR, g, t);
-      mma1688_3xtf32(o, tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
+      acc.zero();
+      mma1688_3xtf32(acc, tii, LDA, Rw, LDR, g, t);
+      mma1688_3xtf32(acc, tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
+      float o[4];
+      acc.sum(o);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] = -o[e];
       __syncwarp();  // the scratch is read before the next J overwrites it
       float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
-      *reinterpret_cast<float2*>(out + g * LDA) = make_float2(-o[0], -o[1]);
-      *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(-o[2], -o[3]);
+      *reinterpret_cast<float2*>(out + g * LDA) = make_float2(o[0], o[1]);
+      *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(o[2], o[3]);
+      emit_block(I, J, nt, o);
     }
     sync();
   }
@@ -359,7 +392,9 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   __syncthreads();  // A complete; K is dead: Tl and the scratch may overwrite it
 
   // Tu (fp32), in place of A's diagonal blocks and in Tl.
-  invert_unit_lower<LDA, LDR>(At, Tl, reinterpret_cast<float*>(smem + L::off_r), nb, warp, lane, [] { __syncthreads(); });
+  invert_unit_lower<LDA, LDR>(
+      At, Tl, reinterpret_cast<float*>(smem + L::off_r), nb, warp, lane, [] { __syncthreads(); },
+      [](const float (&)[16]) {}, [](int, int, int, const float (&)[4]) {});
 
   // Mt block rows [0, nb) as hi + lo (lower-block layout, zero above the diagonal and in the row
   // padding): hi = round(Mt), lo = round(Mt - hi). Thread (r, q) = (tid / 8, tid % 8) writes row

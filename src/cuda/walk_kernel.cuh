@@ -295,16 +295,8 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
         x[half][1] = va.y - gam1 * ks[i][1];
         x[half][2] = vb.x - gam0 * ks[i][2];
         x[half][3] = vb.y - gam1 * ks[i][3];
-        // Rows past a tail chunk's end are exactly zero here when V's are (K's are zero, so K S
-        // is), as the cp.async loads leave them; the fused kernel's TMA leaves the next
-        // sequence's values in V, so there they are masked.
-        if (W::kVSwizzled && nrows < 16 * NB) {
-          const int r = 8 * i + 2 * t;
-          x[half][0] = r < nrows ? x[half][0] : 0.0f;
-          x[half][2] = r < nrows ? x[half][2] : 0.0f;
-          x[half][1] = r + 1 < nrows ? x[half][1] : 0.0f;
-          x[half][3] = r + 1 < nrows ? x[half][3] : 0.0f;
-        }
+        // Rows past a tail chunk's end are exactly zero here: the loads (or, in the fused kernel,
+        // the state warpgroups) zero those rows of K and V, so K S is zero there too.
       }
       to_a_frag<T>(xa[rb], x[0], x[1]);
     }
