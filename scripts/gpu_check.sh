@@ -8,7 +8,7 @@
 #
 #   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
-#   PYTEST=0 skips the Python tests of the test stage.
+#   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs.
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
 #                                                PROFILE_KERNELS=fused for the fused kernel)
@@ -53,11 +53,14 @@ if has test; then
   rc=$?; [ $rc -ne 0 ] && status=1
   note "gpu tests: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED' "$OUT/gpu_tests.log" | head -20
-  # The same suite with every case the fused kernel takes run on it (tests/gpu/gpu_util.h).
-  GDNKIT_TEST_KERNEL=fused "$BUILD/tests/gdnkit_gpu_tests" >"$OUT/gpu_tests_fused.log" 2>&1
-  rc=$?; [ $rc -ne 0 ] && status=1
-  note "gpu tests, fused kernel: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests_fused.log" | tr '\n' ' ') ($(grep -c 'cuda-fused' "$OUT/gpu_tests_fused.log") cases on it)"
-  grep -E '^\[  FAILED' "$OUT/gpu_tests_fused.log" | head -20
+  # The same suite with every case the fused kernel takes run on it (tests/gpu/gpu_util.h): its
+  # 128-column variant where dv = 128, then its 64-column variant everywhere.
+  for mode in ${FUSED_SUITES-fused fused-v64}; do
+    GDNKIT_TEST_KERNEL=$mode "$BUILD/tests/gdnkit_gpu_tests" >"$OUT/gpu_tests_$mode.log" 2>&1
+    rc=$?; [ $rc -ne 0 ] && status=1
+    note "gpu tests, $mode: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests_$mode.log" | tr '\n' ' ') ($(grep -c 'cuda-fused' "$OUT/gpu_tests_$mode.log") cases on it)"
+    grep -E '^\[  FAILED' "$OUT/gpu_tests_$mode.log" | head -20
+  done
   if [ "${PYTEST:-1}" != 0 ]; then
     PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -s -rs >"$OUT/pytest.log" 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
@@ -77,13 +80,14 @@ fi
 if has sanitize; then
   # compute-sanitizer's four tools on the CLI: a mixed varlen batch (empty and 1-token sequences,
   # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the
-  # fused kernel required by name on a small and a medium batch.
+  # fused kernel required by name on a small and a medium batch, and its 64-column variant.
   for tool in memcheck racecheck synccheck initcheck; do
     for args in "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk" \
                 "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear" \
                 "--lens 300 --heads 1,1,2 --dtype f16" \
                 "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk --kernel cuda-fused-sm90-bf16-k128" \
-                "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64"; do
+                "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64" \
+                "--lens 300,1,130 --heads 2,2,4 --dv 64 --kernel cuda-fused-sm90-bf16-k128-v64"; do
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/gdnkit" $args --repeat 1 --check 1 \
         >"$OUT/sanitizer.log" 2>&1
       rc=$?; [ $rc -ne 0 ] && status=1

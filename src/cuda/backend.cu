@@ -19,12 +19,9 @@ namespace {
 
 using detail::fail;
 
-// Whether the planner picks the fused kernel (from kFusedMinWalksPerSm (sequence, head) walks per
-// SM up). Off: measured on an H200 it is 1.27x slower than the split path (geomean of the
-// benchmark rows; faster on one) (docs/perf-notes.md, "Fused kernel, first version"); a caller
-// can require it by name.
-constexpr bool kFusedByDefault = false;
-constexpr std::int64_t kFusedMinWalksPerSm = 1;
+// Whether the planner picks the fused kernel where the device runs it and it pays (choose_fused);
+// a caller can always require it by name.
+constexpr bool kFusedByDefault = true;
 using K = Error::Kind;
 
 std::string str(std::int64_t x) { return std::to_string(x); }
@@ -196,9 +193,11 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
     }
   if (split == nullptr) {
     // A fused kernel of this dtype and dk exists, but it walks 128 value columns per CTA.
-    const SplitKernel* fused = find_fused_kernel(problem.qkv_dtype, s.dk);
+    const SplitKernel* fused = find_fused_kernel(problem.qkv_dtype, s.dk, 128);
     if (fused != nullptr && want == fused->name && s.dv != 128)
-      fail(K::unsupported, "options.kernel", want + " with head_dim_v 128", "head_dim_v " + str(s.dv));
+      fail(K::unsupported, "options.kernel",
+           want + " with head_dim_v 128 (its -v64 variant walks 64 value columns per CTA)",
+           "head_dim_v " + str(s.dv));
     fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
   }
   if (!walk_runs_on(*split, c) || !fits(*split, smem_optin))
@@ -210,15 +209,28 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
   return split;
 }
 
-// The fused kernel (one CTA per (128 value columns, head, sequence list): the prep's work and the
-// walk in one pass, no records in global memory) where the device runs it and the problem has
-// enough walks to fill the SMs; the split path spreads fewer walks over more, smaller CTAs.
-// Measured on an H200: docs/perf-notes.md, "Fused kernel".
+// The fused kernel (one CTA per (value block, head, sequence list): the prep's work and the walk
+// in one pass, no records in global memory) where the device runs it and it was measured faster
+// than the split path (H200, all benchmark rows at dv = 128, docs/perf-notes.md "Fused kernel,
+// second version"):
+//   - 128-column blocks when the walks (sequence, head) fill at least half the SMs: 10-15% faster
+//     than the split path on every such row with sequences of 410+ tokens on average;
+//   - 64-column blocks (one state warpgroup, twice the CTAs) when those still fit in one wave and
+//     the sequences are short (up to 16 chunks): 6-14% faster there; on longer ones the split
+//     path, whose prep runs on every SM, is faster.
+// Neither with sequences under two chunks on average (the split path was 1.7x faster at two
+// tokens per sequence; lengths between 2 and 410 tokens were not measured) nor at dv = 64 (not
+// measured).
 const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin) {
-  const SplitKernel* k = find_fused_kernel(problem.qkv_dtype, s.dk);
-  if (!kFusedByDefault || k == nullptr || s.dv != 128 || !walk_runs_on(*k, c) || !fits(*k, smem_optin)) return nullptr;
-  const std::int64_t walks = s.H * std::max<std::int64_t>(s.N, 1);
-  return walks >= kFusedMinWalksPerSm * c.sm_count ? k : nullptr;
+  if (!kFusedByDefault || s.dv != 128) return nullptr;
+  const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
+  if (tokens_per_seq < 2 * kChunk) return nullptr;
+  int dvb = 0;
+  if (2 * walks >= c.sm_count) dvb = 128;
+  else if (tokens_per_seq <= 16 * kChunk) dvb = 64;
+  const SplitKernel* k = dvb ? find_fused_kernel(problem.qkv_dtype, s.dk, dvb) : nullptr;
+  if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin)) return nullptr;
+  return k;
 }
 
 // Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one

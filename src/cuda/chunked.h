@@ -169,8 +169,9 @@ struct SplitKernel {
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.
 const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a = false);
-// The fused instantiation of (dtype, dk); nullptr when none was built (no CUTLASS headers).
-const SplitKernel* find_fused_kernel(DType dtype, int dk);
+// The fused instantiation of (dtype, dk, value columns per CTA: 64 or 128); nullptr when none was
+// built (no CUTLASS headers).
+const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

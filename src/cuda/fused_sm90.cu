@@ -1,4 +1,5 @@
-// The fused SM90 kernel's instantiations (fused_sm90.cuh): bf16 and f16, dk 64 and 128, dv 128.
+// The fused SM90 kernel's instantiations (fused_sm90.cuh): bf16 and f16, dk 64 and 128, value
+// blocks of 128 and 64 columns.
 // Built only with the CUTLASS/CuTe headers (wgmma); without them the list is empty.
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -49,28 +50,35 @@ bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t
 namespace {
 
 // Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
-template <typename T, int DK>
+template <typename T, int DK, int DVB>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
+  using F = FusedSm90<T, DK, DVB>;
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
   void* args[] = {&fp};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK>), grid,
-                          dim3(FusedSm90<T, DK>::kThreads), args, FusedSm90<T, DK>::smem_bytes, stream);
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB>), grid, dim3(F::kThreads),
+                          args, F::smem_bytes, stream);
 }
 
-template <typename T, int DK>
+template <typename T, int DK, int DVB>
 constexpr SplitKernel fused_entry(const char* name, DType dtype) {
-  using F = FusedSm90<T, DK>;
+  using F = FusedSm90<T, DK, DVB>;
   return SplitKernel{name,     dtype,   DK, F::DVB / 16, true, 0, F::smem_bytes, nullptr,
-                     reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK>),
-                     &launch_fused<T, DK>, F::kThreads, true};
+                     reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB>),
+                     &launch_fused<T, DK, DVB>, F::kThreads, true};
 }
 
+// Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per
+// 128 columns) and 64 (one, "-v64": twice the CTAs for problems with fewer walks than SMs).
 const SplitKernel kKernels[] = {
-    fused_entry<__nv_bfloat16, 128>("cuda-fused-sm90-bf16-k128", DType::bf16),
-    fused_entry<__nv_bfloat16, 64>("cuda-fused-sm90-bf16-k64", DType::bf16),
-    fused_entry<__half, 128>("cuda-fused-sm90-f16-k128", DType::f16),
-    fused_entry<__half, 64>("cuda-fused-sm90-f16-k64", DType::f16),
+    fused_entry<__nv_bfloat16, 128, 128>("cuda-fused-sm90-bf16-k128", DType::bf16),
+    fused_entry<__nv_bfloat16, 64, 128>("cuda-fused-sm90-bf16-k64", DType::bf16),
+    fused_entry<__half, 128, 128>("cuda-fused-sm90-f16-k128", DType::f16),
+    fused_entry<__half, 64, 128>("cuda-fused-sm90-f16-k64", DType::f16),
+    fused_entry<__nv_bfloat16, 128, 64>("cuda-fused-sm90-bf16-k128-v64", DType::bf16),
+    fused_entry<__nv_bfloat16, 64, 64>("cuda-fused-sm90-bf16-k64-v64", DType::bf16),
+    fused_entry<__half, 128, 64>("cuda-fused-sm90-f16-k128-v64", DType::f16),
+    fused_entry<__half, 64, 64>("cuda-fused-sm90-f16-k64-v64", DType::f16),
 };
 
 }  // namespace
@@ -80,10 +88,11 @@ SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKer
 SplitKernelList fused_kernels() { return {nullptr, 0}; }
 #endif
 
-const SplitKernel* find_fused_kernel(DType dtype, int dk) {
+const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb) {
   const SplitKernelList list = fused_kernels();
   for (int i = 0; i < list.count; ++i)
-    if (list.begin[i].dtype == dtype && list.begin[i].dk == dk) return &list.begin[i];
+    if (list.begin[i].dtype == dtype && list.begin[i].dk == dk && 16 * list.begin[i].warps == dvb)
+      return &list.begin[i];
   return nullptr;
 }
 

@@ -38,15 +38,17 @@
 
 namespace gdnkit::cuda {
 
-template <typename T_, int DK_>
+template <typename T_, int DK_, int DVB_ = 128>
 struct FusedSm90 {
   using T = T_;
   static constexpr int DK = DK_;
-  static constexpr int kThreads = 384;
-  static constexpr int DVB = 128;              // value columns per CTA (two state warpgroups)
+  static constexpr int DVB = DVB_;             // value columns per CTA: 64 per state warpgroup
+  static_assert(DVB == 64 || DVB == 128, "one or two state warpgroups");
+  static constexpr int kStateWarpgroups = DVB / 64;
+  static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
-  struct Walk : WgmmaWalk<T, DK, 2> {
+  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups> {
     static constexpr bool kVSwizzled = true;
   };
   static constexpr int LDA = kChunk + 4;       // fp32 A / Tu rows (as in the prep kernel)
@@ -56,6 +58,7 @@ struct FusedSm90 {
 #define GDNKIT_FUSED_AUX_REGS 136
 #define GDNKIT_FUSED_STATE_REGS 184
 #endif
+  // (Two warpgroups, DVB = 64, keep the launch's 255 per thread: no register moves.)
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
                 "setmaxnreg budget of a 384-thread CTA");
@@ -145,11 +148,12 @@ struct FusedProbe {
 // Mt lo as swizzled 64 x 64 tiles (every element written, zeros above the diagonal and in rows
 // past the valid row blocks), gam and dec. The caller's copies of K and Q have landed and are
 // fenced; this starts with an aux barrier.
-template <typename T, int DK>
+template <class F>
 __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
                                              float* gates, float gate_beta, int nrows, float scale, int tid,
                                              FusedProbe& probe) {
-  using F = FusedSm90<T, DK>;
+  using T = typename F::T;
+  constexpr int DK = F::DK;
   constexpr int LDA = F::LDA;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int nb = (nrows + 15) / 16;
@@ -284,9 +288,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 
 // Zeroes the Mt hi and lo tiles of both record stages, once per CTA before the first record
 // (fused_record writes only their blocks on and left of the diagonal), by the aux's 128 threads.
-template <typename T, int DK>
+template <class F>
 __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) {
-  using F = FusedSm90<T, DK>;
   for (int s = 0; s < 2; ++s)
     for (int idx = tid; idx < int(2 * F::m_bytes / 16); idx += 128)
       reinterpret_cast<uint4*>(F::rec(smem, s))[idx] = make_uint4(0u, 0u, 0u, 0u);
@@ -311,9 +314,9 @@ __device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, 
 
 // The aux warpgroup: copies (TMA, issued by thread 0) and records, one chunk ahead of the state
 // warpgroups.
-template <typename T, int DK>
+template <class F>
 __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* smem, const int* order, int tid) {
-  using F = FusedSm90<T, DK>;
+  constexpr int DK = F::DK;
   const ChunkedParams& p = fp.p;
   constexpr int C = kChunk;
   const int h = blockIdx.y;
@@ -355,7 +358,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   ChunkPos cur = seek(blockIdx.z);
   if (cur.i < p.num_seqs) {
     load_kq(cur, 0);
-    zero_record_tiles<T, DK>(smem, tid);  // ordered before the records' writes by fused_record's first barrier
+    zero_record_tiles<F>(smem, tid);  // ordered before the records' writes by fused_record's first barrier
     float gb_cur = load_gate_beta(p, cur.c0, cur.nrows(), h, tid);
     for (;;) {
       FusedProbe probe;
@@ -384,7 +387,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                             // for this thread's outstanding loads, the next chunk's gates)
       }
 #if GDNKIT_FUSED_PROBE_SKIP != 1
-      fused_record<T, DK>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
+      fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
                           reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur, nrows,
                           p.scale, tid, probe);
 #endif
@@ -408,9 +411,10 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 
 // The state warpgroups (tid = thread index among their 256): the walk of every sequence in the
 // CTA's list, empty ones included (their final state is the initial one).
-template <typename T, int DK>
+template <class F>
 __device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned char* smem, const int* order, int tid) {
-  using F = FusedSm90<T, DK>;
+  using T = typename F::T;
+  constexpr int DK = F::DK;
   using W = typename F::Walk;
   constexpr int C = kChunk;
   const int warp = tid / 32, lane = tid % 32;
@@ -471,9 +475,8 @@ __device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned cha
   }
 }
 
-template <typename T, int DK>
+template <class F>
 __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
-  using F = FusedSm90<T, DK>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* const smem =
       smem_raw + ((kSwizzleAtomBytes - (smem_addr(smem_raw) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
@@ -492,22 +495,23 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   else
     __syncthreads();  // the barriers are initialised
   if (tid < 128) {
-    regs_down<F::kAuxRegs>();
-    fused_aux<T, DK>(fp, smem, order, tid);
+    if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
+    fused_aux<F>(fp, smem, order, tid);
   } else {
-    regs_up<F::kStateRegs>();
-    fused_state<T, DK>(fp.p, smem, order, tid - 128);
+    if constexpr (F::kStateWarpgroups == 2) regs_up<F::kStateRegs>();
+    fused_state<F>(fp.p, smem, order, tid - 128);
   }
 }
 
-// grid = (dv / 128, H, min(N, 65535) or fewer); 384 threads. Images other than sm_90a hold only
-// a trap (the planner never picks the kernel there).
-template <typename T, int DK>
-__global__ void __launch_bounds__(384, 1) gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
+// grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a
+// hold only a trap (the planner never picks the kernel there).
+template <typename T, int DK, int DVB>
+__global__ void __launch_bounds__(FusedSm90<T, DK, DVB>::kThreads, 1)
+    gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  fused_cta<T, DK>(fp);
+  fused_cta<FusedSm90<T, DK, DVB>>(fp);
 #endif
 }
 

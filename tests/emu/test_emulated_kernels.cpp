@@ -90,41 +90,53 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
   run_grid(grid, Walk::kThreads, [&] { cuda::walk_cta<Walk>(p); });
 }
 
-// The fused kernel (fused_sm90.cuh), grid (dv / 128, H, z), no workspace.
-template <typename T, int DK>
+// The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace.
+template <typename T, int DK, int DVB>
 void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
-  using F = cuda::FusedSm90<T, DK>;
+  using F = cuda::FusedSm90<T, DK, DVB>;
   static_assert(F::smem_bytes <= sizeof(cuda::smem_raw));
   p.ws = nullptr;
   cuda::FusedParams fp;
   const bool encoded = cuda::make_fused_params<T, DK>(p, &fp);
   ASSERT_TRUE(encoded);
-  run_grid(grid, F::kThreads, [&] { cuda::fused_cta<T, DK>(fp); });
+  run_grid(grid, F::kThreads, [&] { cuda::fused_cta<F>(fp); });
   EXPECT_TRUE(cuda::g_tma_pending.empty()) << "TMA copies nobody waited for";
   cuda::g_tma_pending.clear();
 }
 
-constexpr int kFused = 0;  // the walk policy argument that selects the fused kernel
+// The walk policy arguments that select the fused kernel: 128 value columns per CTA (dv = 128
+// only) and 64 (dv = 64 or 128).
+constexpr int kFused = 0;
+constexpr int kFused64 = 1000;
 
 // Runs case c through the emulated kernels with walk policy w (reduced to one warp, or one
-// warpgroup, where dv does not split that way; kFused: the fused kernel, dv = 128 only); returns
-// the instantiation's description.
+// warpgroup, where dv does not split that way; kFused, kFused64: the fused kernel); returns the
+// instantiation's description.
 std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first) {
   const Problem& problem = c.problem;
   const detail::Shape& s = c.shape;
   const Tensors t = c.tensors();
   cuda::ChunkedParams p = cuda::chunked_params(problem, s, t);  // as the CUDA backend launches
   p.longest_first = longest_first;
-  if (w == kFused) {
-    EXPECT_EQ(s.dv, 128) << "the fused kernel walks 128 value columns per CTA";
-    const dim3 grid(1, static_cast<unsigned>(s.H),
+  if (w == kFused || w == kFused64) {
+    const int dvb = w == kFused ? 128 : 64;
+    EXPECT_EQ(s.dv % dvb, 0) << "the fused kernel walks " << dvb << " value columns per CTA";
+    const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(s.H),
                     static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), zlimit)));
     const bool bf16 = problem.qkv_dtype == DType::bf16;
-    if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128>(p, grid);
-    else if (bf16) emulate_fused<__nv_bfloat16, 64>(p, grid);
-    else if (s.dk == 128) emulate_fused<__half, 128>(p, grid);
-    else emulate_fused<__half, 64>(p, grid);
-    return std::string("fused ") + (bf16 ? "bf16" : "f16") + " dk=" + std::to_string(s.dk);
+    if (dvb == 128) {
+      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 128>(p, grid);
+      else if (bf16) emulate_fused<__nv_bfloat16, 64, 128>(p, grid);
+      else if (s.dk == 128) emulate_fused<__half, 128, 128>(p, grid);
+      else emulate_fused<__half, 64, 128>(p, grid);
+    } else {
+      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 64>(p, grid);
+      else if (bf16) emulate_fused<__nv_bfloat16, 64, 64>(p, grid);
+      else if (s.dk == 128) emulate_fused<__half, 128, 64>(p, grid);
+      else emulate_fused<__half, 64, 64>(p, grid);
+    }
+    return std::string("fused ") + (bf16 ? "bf16" : "f16") + " dk=" + std::to_string(s.dk) +
+           " dvb=" + std::to_string(dvb);
   }
   while (s.dv / 16 % (w < 0 ? -4 * w : w)) w /= 2;  // the widest policy that divides dv
   const int cols = w < 0 ? -64 * w : 16 * w;
@@ -301,13 +313,29 @@ TEST(Emulated, FusedKernel) {
     s.seed = 1400 + bits;
     check(s, kFused, 1);
   }
+  // The 64-column variant (one state warpgroup per CTA): dv 64 and 128, tails, several sequences
+  // per CTA, both dtypes and key sizes.
+  for (int dv : {64, 128}) {
+    Spec s;
+    s.lens = {130, 0, 17, 64, 3};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = dv == 64 ? 128 : 64;
+    s.dv = dv;
+    s.qkv = dv == 64 ? DType::bf16 : DType::f16;
+    s.initial_state = true;
+    s.final_state = true;
+    s.layout = dv == 64 ? StateLayout::vk : StateLayout::kv;
+    s.seed = 1450 + dv;
+    check(s, kFused64, 2);
+  }
 }
 
 // A tail chunk's padding rows are copied from the next sequence by some paths (the fused kernel's
 // TMA boxes) and must be zeroed before use: with NaN and inf in the second sequence's q, k and v,
 // the first sequence's outputs and final state stay bit for bit what they are with finite ones.
 TEST(Emulated, NonFiniteNeighbourSequence) {
-  for (int w : {kFused, -2, 2}) {
+  for (int w : {kFused, kFused64, -2, 2}) {
     Spec s;
     s.lens = {70, 100};
     s.Hq = s.Hk = s.Hv = 1;

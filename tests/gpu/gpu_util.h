@@ -142,16 +142,22 @@ class DeviceWorkspace {
   std::size_t bytes_ = 0;
 };
 
-// The suite's plan options: `o`, unless it names no kernel and GDNKIT_TEST_KERNEL=fused is set,
-// in which case every problem the fused kernel takes (dv = 128, its dtype and dk) requires it by
-// name, so that the whole suite runs on it (scripts/gpu_check.sh runs the suite both ways).
+// The suite's plan options: `o`, unless it names no kernel and GDNKIT_TEST_KERNEL is set, in which
+// case every problem the fused kernel takes (bf16 or f16) requires it by name, so that the whole
+// suite runs on it (scripts/gpu_check.sh runs the suite three ways): "fused" requires the
+// 128-column variant where dv = 128 and the 64-column one where dv = 64, "fused-v64" the
+// 64-column one everywhere.
 inline gdnkit::Options suite_options(const gdnkit::Problem& p, gdnkit::Options o = {}) {
   thread_local std::string name;
   const char* env = std::getenv("GDNKIT_TEST_KERNEL");
-  if (o.kernel != nullptr || env == nullptr || std::string(env) != "fused" || p.head_dim_v != 128) return o;
+  if (o.kernel != nullptr || env == nullptr) return o;
+  const std::string mode = env;
+  if (mode != "fused" && mode != "fused-v64") return o;
   if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16) return o;
+  if (p.head_dim_v != 64 && p.head_dim_v != 128) return o;
+  const bool v64 = mode == "fused-v64" || p.head_dim_v == 64;
   name = std::string("cuda-fused-sm90-") + (p.qkv_dtype == DType::bf16 ? "bf16" : "f16") + "-k" +
-         std::to_string(p.head_dim_k);
+         std::to_string(p.head_dim_k) + (v64 ? "-v64" : "");
   o.kernel = name.c_str();
   return o;
 }

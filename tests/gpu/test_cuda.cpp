@@ -459,8 +459,9 @@ TEST_F(Cuda, EveryKernel) {
   o.kernel = "cuda-split-mma-bf16-k128-w3";
   expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::invalid_value, "options.kernel",
                "cuda-split-mma-bf16-k128-w4");
-  // The fused kernel walks 128 value columns per CTA: required at dv = 64, it is refused by name.
-  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128) != nullptr) {
+  // The fused kernel walks 128 value columns per CTA: required at dv = 64, it is refused by name
+  // (its -v64 variant runs there).
+  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
     Spec s64 = s;
     s64.dv = 64;
     Case c64 = test::random_case(s64);
@@ -813,9 +814,10 @@ TEST_F(Cuda, PlanReportsKernel) {
         const bool fused = name.rfind("cuda-fused-sm90-", 0) == 0;
         EXPECT_TRUE(wgmma || fused || name.rfind("cuda-split-mma-", 0) == 0) << name;
         if (wgmma || fused) EXPECT_TRUE(major == 9 && minor == 0) << name;
-        // The fused kernel is not the default yet (slower than the split path; backend.cu).
+        // 100 tokens per sequence: under the two chunks the planner wants for the fused kernel.
         EXPECT_FALSE(fused) << name;
-        const cuda::SplitKernel* k = fused ? cuda::find_fused_kernel(dt, d) : nullptr;
+        const bool v64 = name.size() > 4 && name.substr(name.size() - 4) == "-v64";
+        const cuda::SplitKernel* k = fused ? cuda::find_fused_kernel(dt, d, v64 ? 64 : 128) : nullptr;
         for (int w : {1, 2, 4, 8})
           if (!fused && name.size() > 3 && name.substr(name.size() - 3) == "-w" + std::to_string(w))
             k = cuda::find_split_kernel(dt, d, w, wgmma);
@@ -837,6 +839,32 @@ TEST_F(Cuda, PlanReportsKernel) {
         std::printf("INFO   prep smem %zu B  CTAs/SM %d  workspace %zu B\n", k->prep_smem, prep_ctas,
                     plan.workspace_bytes());
       }
+  // Where the planner takes the fused kernel (backend.cu, choose_fused), on an H100/H200 built with
+  // it: 128-column blocks when the walks fill half the SMs, 64-column ones for a few short
+  // sequences, the split path for a few long ones and at dv = 64.
+  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
+    struct Expect {
+      std::int64_t heads, seqs, tokens;
+      int dv;
+      const char* kernel;  // nullptr: a split kernel
+    };
+    const int sms = test::sm_count();
+    for (const Expect& e : {Expect{sms, 1, 4096, 128, "cuda-fused-sm90-bf16-k128"},
+                            Expect{4, 64, 64 * 300, 128, "cuda-fused-sm90-bf16-k128"},
+                            Expect{8, 1, 512, 128, "cuda-fused-sm90-bf16-k128-v64"},
+                            Expect{8, 1, 8192, 128, nullptr}, Expect{4, 64, 64 * 300, 64, nullptr},
+                            Expect{sms, 100, 200, 128, nullptr}}) {
+      Problem p = cuda_problem();
+      p.num_q_heads = p.num_k_heads = p.num_v_heads = static_cast<int>(e.heads);
+      p.head_dim_k = 128;
+      p.head_dim_v = e.dv;
+      p.num_seqs = e.seqs;
+      p.total_tokens = e.tokens;
+      const std::string name = Plan::create(p).kernel_name();
+      if (e.kernel != nullptr) EXPECT_EQ(name, e.kernel) << e.heads << " heads, " << e.seqs << " sequences";
+      else EXPECT_EQ(name.rfind("cuda-split-", 0), 0u) << name << ": " << e.heads << " heads, " << e.seqs << " sequences";
+    }
+  }
   for (DType dt : {DType::bf16, DType::f16})
     for (int d : {64, 128})
       for (int w : {1, 2, 4, 8, -4, -8}) {  // negative: the wgmma walk of -w warps (sm_90a)
