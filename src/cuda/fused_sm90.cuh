@@ -1,19 +1,21 @@
 // The fused SM90 kernel (docs/fused-kernel-design.md): the prep and the state walk of the CUDA
-// path in one warp-specialised CTA per (value block of 128 columns, head, sequence list), so that
-// no record goes through global memory and K and Q are read once.
+// path in one warp-specialised CTA per (value block of DVB = 128 or 64 columns, head, sequence
+// list), so that no record goes through global memory and K and Q are read once.
 //
-// Three warpgroups, 384 threads:
+// One aux warpgroup and DVB / 64 state warpgroups (384 or 256 threads):
 //   aux (warps 0-3)    thread 0 issues TMA copies of every chunk's K and Q (one chunk ahead of
 //                      the aux itself) and V; all four warps compute the chunk's record into shared
 //                      memory one chunk ahead of the walk: Q K^T and K K^T on wgmma (both operands
 //                      from the swizzled K, Q tiles, in flight while the gates' cumsum G is formed),
-//                      P and gam/dec, A = diag(beta) K K^T, the fp32 inverse Tu (invert_unit_lower,
-//                      the prep kernel's), Mt as hi + lo, written straight into the
-//                      128-byte-swizzled tiles the walk's wgmma reads;
-//   state (warps 4-11) two warpgroups of 64 value columns each run the wgmma walk's chunk step
+//                      P and gam/dec, A = diag(beta) K K^T .* D (D_ij = exp(G_i - G_j), shared with
+//                      P), its fp32 inverse D .* Tu (invert_unit_lower, the prep kernel's), and
+//                      Mt = (D .* Tu) diag(beta) as hi + lo from the inverse's registers, straight
+//                      into the 128-byte-swizzled tiles the walk's wgmma reads;
+//   state (warps 4-)   warpgroups of 64 value columns each run the wgmma walk's chunk step
 //                      (walk_chunk with WgmmaWalk's products), the state in registers throughout.
-// Registers move from the aux to the state warpgroups (setmaxnreg: 136 + 2 x 184 = 3 x 168, the
-// split with the fewest spills, 68 bytes at dk = 128; 120 + 2 x 192 spills 236 and runs 1.7x slower).
+// With two state warpgroups, registers move from the aux to them (setmaxnreg: 136 + 2 x 184 =
+// 3 x 168; ptxas then serializes the kernel's wgmma (C7512), which needs 192 for the state, but
+// 120 + 2 x 192 makes the aux spill and runs 1.3x slower). With one, every warpgroup keeps 255.
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V and the
