@@ -146,10 +146,11 @@ struct FusedProbe {
 };
 
 // The record of one chunk (rows [0, nrows) valid) from its staged K and Q (kq) and the thread's
-// gate or beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: P, Mt hi,
-// Mt lo as swizzled 64 x 64 tiles (every element written, zeros above the diagonal and in rows
-// past the valid row blocks), gam and dec. The caller's copies of K and Q have landed and are
-// fenced; this starts with an aux barrier.
+// gate or beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into
+// rec: P, Mt hi, Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the
+// valid row blocks: P written whole, Mt's blocks right of the diagonal zero since
+// zero_record_tiles), gam and dec. The caller's copies of K and Q have landed; this starts with an
+// aux barrier.
 template <class F>
 __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
                                              float* gates, float gate_beta, int nrows, float scale, int tid,
