@@ -8,7 +8,8 @@
 //   fp16     the same blocking with every operand and result stored in fp16 and fp32
 //            accumulation (a model of inverting in fp16, as the incumbent SM90 kernel does).
 // The tests print the errors and check that the kernel's scheme is at least as accurate as fp32
-// forward substitution, and that the measure separates it from the fp16 model. This is a model:
+// forward substitution, and that the measure separates it from the fp16 model; the last test does
+// the same for the decayed matrix the fused kernel inverts. This is a model:
 // it sums each element's three products before accumulating in IEEE fp32, where the kernel issues
 // the three tf32 MMAs one after another and the tensor cores accumulate in their own order; the
 // kernel itself is checked end to end against fp64 by the GPU and emulated suites.
@@ -134,8 +135,8 @@ void block_mma(std::vector<float>& d, int di, int dj, const std::vector<float>& 
 // The blocked inverse: diagonal blocks by forward substitution, then block rows. `store` rounds
 // what is kept between steps (identity for the kernel's fp32), `mul` is one product's arithmetic.
 template <typename Store, typename Mul>
-Mat blocked(const Chunk& c, Store store, Mul mul) {
-  std::vector<float> a = a_fp32(c), x(C * C, 0.0f);
+Mat blocked_of(std::vector<float> a, Store store, Mul mul) {
+  std::vector<float> x(C * C, 0.0f);
   for (float& v : a) v = store(v);
   for (int b = 0; b < C / B; ++b) forward_subst(a, x, B * b, B * b + B);
   for (float& v : x) v = store(v);
@@ -150,14 +151,18 @@ Mat blocked(const Chunk& c, Store store, Mul mul) {
     }
   return Mat(x.begin(), x.end());
 }
-
-Mat three_tf32(const Chunk& c) {
-  return blocked(c, [](float v) { return v; },
-                 [](float a, float b) {
-                   const float ah = tf32(a), al = tf32(a - ah), bh = tf32(b), bl = tf32(b - bh);
-                   return (al * bh + ah * bl) + ah * bh;  // tf32 x tf32 products are exact in fp32
-                 });
+template <typename Store, typename Mul>
+Mat blocked(const Chunk& c, Store store, Mul mul) {
+  return blocked_of(a_fp32(c), store, mul);
 }
+
+// One product of the kernel's scheme: tf32 operands split as hi + lo, every term but lo lo.
+float tf32x3_mul(float a, float b) {
+  const float ah = tf32(a), al = tf32(a - ah), bh = tf32(b), bl = tf32(b - bh);
+  return (al * bh + ah * bl) + ah * bh;  // tf32 x tf32 products are exact in fp32
+}
+
+Mat three_tf32(const Chunk& c) { return blocked(c, [](float v) { return v; }, tf32x3_mul); }
 
 Mat fp16_model(const Chunk& c) {
   return blocked(c, [](float v) { return fp16(v); }, [](float a, float b) { return fp16(a) * fp16(b); });
@@ -229,6 +234,80 @@ TEST(Inverse, TruncatedSplitIsLessAccurate) {
 TEST(Inverse, PlainTf32IsLessAccurate) {
   const auto [plain, bar] = errors_against_fs32(5, 8, [](float a, float b) { return tf32(a) * tf32(b); });
   EXPECT_GT(plain, 8.0 * bar);
+}
+
+// The fused kernel inverts the decayed matrix instead (fused_sm90.cuh): A_D = A .* D with
+// D_ij = exp(G_i - G_j), G the chunk's cumulative log gates, whose inverse is D .* Tu, the factor Mt
+// needs. Its scheme (A_D formed in fp32 with base-2 exponentials of fp32 G log2(e), then the same
+// blocked 3xtf32 inverse) must be as accurate as fp32 forward substitution on the same A_D; the
+// split path's order (invert A, then multiply by D) is printed beside it, and an fp16 inverse of
+// A_D must lose clearly. Realistic gates are logsigmoid(randn); hard ones decay ten times faster,
+// so D spans many orders of magnitude. (Measured: the three fp32-grade schemes agree to three
+// digits, their error set by the fp32 decay factors they share; the fp16 model is 15-170x worse.)
+struct DecayedErrors {
+  double fs32 = 0, fused = 0, split = 0, half = 0;
+};
+
+DecayedErrors measure_decayed(bool hard, int chunks, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd;
+  DecayedErrors m;
+  for (int n = 0; n < chunks; ++n) {
+    const Chunk c = make_chunk(rng, hard);
+    std::vector<double> G(C);
+    std::vector<float> G2(C);  // fp32 G log2(e), as the kernel keeps it
+    double acc = 0.0;
+    float acc32 = 0.0f;
+    for (int i = 0; i < C; ++i) {
+      const double g = (hard ? 10.0 : 1.0) * -std::log1p(std::exp(-nd(rng)));  // logsigmoid
+      acc += g;
+      acc32 += static_cast<float>(g);
+      G[i] = acc;
+      G2[i] = acc32 * 1.4426950408889634f;
+    }
+    // fp64 reference of D .* Tu: the inverse of the decayed A in fp64.
+    std::vector<double> ad(C * C, 0.0), ref(C * C, 0.0);
+    for (int i = 0; i < C; ++i)
+      for (int j = 0; j < i; ++j) {
+        double s = 0.0;
+        for (int d = 0; d < DK; ++d) s += static_cast<double>(c.k[i * DK + d]) * c.k[j * DK + d];
+        ad[i * C + j] = static_cast<double>(c.beta[i]) * s * std::exp(G[i] - G[j]);
+      }
+    forward_subst(ad, ref, 0, C);
+    // fp32 decay factors as the kernel forms them.
+    std::vector<float> dec(C * C, 0.0f);
+    for (int i = 0; i < C; ++i)
+      for (int j = 0; j <= i; ++j) dec[i * C + j] = std::exp2(G2[i] - G2[j]);
+    const std::vector<float> a = a_fp32(c);
+    std::vector<float> a_dec(C * C, 0.0f);
+    for (int i = 0; i < C * C; ++i) a_dec[i] = a[i] * dec[i];
+    // fp32 forward substitution on the decayed A: the bar.
+    std::vector<float> x32(C * C, 0.0f);
+    forward_subst(a_dec, x32, 0, C);
+    m.fs32 += rel_err(Mat(x32.begin(), x32.end()), ref) / chunks;
+    // The fused kernel's scheme: the blocked 3xtf32 inverse of the decayed A.
+    m.fused += rel_err(blocked_of(a_dec, [](float v) { return v; }, tf32x3_mul), ref) / chunks;
+    // The split path's order: the blocked 3xtf32 inverse of A, then D.
+    Mat split = blocked_of(a, [](float v) { return v; }, tf32x3_mul);
+    for (int i = 0; i < C * C; ++i) split[i] = static_cast<float>(split[i]) * dec[i];
+    m.split += rel_err(split, ref) / chunks;
+    m.half += rel_err(blocked_of(a_dec, [](float v) { return fp16(v); }, [](float a, float b) { return fp16(a) * fp16(b); }),
+                      ref) / chunks;
+  }
+  std::printf("  %-9s inputs and gates, %d chunks, rel-L2 of D .* Tu vs fp64: fp32 forward substitution on the "
+              "decayed A %.3e, 3xtf32 blocked on it (fused kernel) %.3e, 3xtf32 blocked then D (split path) %.3e, "
+              "fp16 blocked on it %.3e\n",
+              hard ? "hard" : "realistic", chunks, m.fs32, m.fused, m.split, m.half);
+  return m;
+}
+
+TEST(Inverse, DecayedSchemeMatchesFp32ForwardSubstitution) {
+  for (bool hard : {false, true}) {
+    const DecayedErrors m = measure_decayed(hard, 24, hard ? 13 : 17);
+    EXPECT_LE(m.fused, 1.1 * m.fs32) << (hard ? "hard" : "realistic");
+    EXPECT_LE(m.fused, 1.1 * m.split) << (hard ? "hard" : "realistic");
+    EXPECT_GT(m.half, 8.0 * m.fs32) << "the fp16 model should be clearly less accurate";
+  }
 }
 
 }  // namespace
