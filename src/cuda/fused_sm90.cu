@@ -53,6 +53,8 @@ namespace {
 template <typename T, int DK, int DVB>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
   using F = FusedSm90<T, DK, DVB>;
+  // Token positions and sequence indices are 32-bit in the kernel (TMA coordinates are).
+  if (params.tokens > INT32_MAX || params.num_seqs > INT32_MAX) return cudaErrorInvalidValue;
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
   void* args[] = {&fp};

@@ -3,26 +3,30 @@
 // list), so that no record goes through global memory and K and Q are read once.
 //
 // One aux warpgroup and DVB / 64 state warpgroups (384 or 256 threads):
-//   aux (warps 0-3)    thread 0 issues TMA copies of every chunk's K and Q (one chunk ahead of
-//                      the aux itself) and V; all four warps compute the chunk's record into shared
-//                      memory one chunk ahead of the walk: Q K^T and K K^T on wgmma (both operands
-//                      from the swizzled K, Q tiles, in flight while the gates' cumsum G is formed),
-//                      P and gam/dec, A = diag(beta) K K^T .* D (D_ij = exp(G_i - G_j), shared with
-//                      P), its fp32 inverse D .* Tu (invert_unit_lower, the prep kernel's), and
-//                      Mt = (D .* Tu) diag(beta) as hi + lo from the inverse's registers, straight
-//                      into the 128-byte-swizzled tiles the walk's wgmma reads;
-//   state (warps 4-)   warpgroups of 64 value columns each run the wgmma walk's chunk step
-//                      (walk_chunk with WgmmaWalk's products), the state in registers throughout.
-// With two state warpgroups, registers move from the aux to them (setmaxnreg: 136 + 2 x 184 =
-// 3 x 168; ptxas then serializes the kernel's wgmma (C7512), which needs 192 for the state, but
-// 120 + 2 x 192 makes the aux spill and runs 1.3x slower). With one, every warpgroup keeps 255.
+//   aux (warps 0-3)    computes each chunk's record into shared memory one chunk ahead of the
+//                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
+//                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
+//                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
+//                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo from the inverse's
+//                      registers, straight into the 128-byte-swizzled tiles the walk's wgmma reads.
+//                      Its thread 0 issues the first chunks' TMA copies;
+//   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
+//                      share of the columns (fused_p), then the wgmma walk's chunk step (walk_chunk
+//                      with WgmmaWalk's products), the state in registers throughout. State thread
+//                      0 issues the later chunks' TMA copies as each step frees a stage, at the
+//                      positions the aux publishes (F::ahead): the aux, the bound, issues none.
+// With two state warpgroups, registers move from the aux to them (setmaxnreg: 120 + 2 x 192 =
+// 3 x 168; below 192 for the state, ptxas serializes every wgmma of the kernel, C7512; the aux
+// fits 120 without spills since Q K^T moved to the state warpgroups and the chunk cursor is
+// 32-bit). With one, every warpgroup keeps 255.
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V and the
 // record in two; mbarriers track the copies. Named barriers: FULL[c % 2] (aux arrives when chunk
-// c's K, Q, V and record are in place; the state warps wait), EMPTY[c % 2] (the state warps arrive
-// when done with chunk c; the aux waits before it reuses chunk c's stages for chunk c + 2 and
-// c + 3). The aux's own barrier orders its phases.
+// c's K, Q, V, gates and record are in place; the state warps wait), EMPTY[c % 2] (the state warps
+// arrive when done with chunk c; the aux waits before it reuses chunk c's stages for chunk c + 2),
+// P (the state warpgroups' P and tail V rows are in place, before the walk reads them). The aux's
+// own barrier orders its phases.
 //
 // Tail chunks: a TMA box always holds 64 rows, so past a sequence's end it copies the next
 // sequence's rows (or zeros past the tensor). With finite values they would cancel exactly (zero
@@ -57,15 +61,15 @@ struct FusedSm90 {
   static constexpr int LDR = 8;
   // Registers per thread: aux + 2 x state = 3 x 168 (a 384-thread launch). Overridable to measure.
 #ifndef GDNKIT_FUSED_AUX_REGS
-#define GDNKIT_FUSED_AUX_REGS 136
-#define GDNKIT_FUSED_STATE_REGS 184
+#define GDNKIT_FUSED_AUX_REGS 120
+#define GDNKIT_FUSED_STATE_REGS 192
 #endif
   // (Two warpgroups, DVB = 64, keep the launch's 255 per thread: no register moves.)
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
                 "setmaxnreg budget of a 384-thread CTA");
-  // Named barrier ids (+ stage, or + state warpgroup for kBarVTail).
-  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = 4, kBarVTail = 6;
+  // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
+  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = 4, kBarP = 6;
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
@@ -84,7 +88,9 @@ struct FusedSm90 {
   static constexpr std::size_t off_gates = off_r + align128(std::size_t(4) * 16 * LDR * 4);
   static constexpr std::size_t gates_bytes = 3 * kChunk * 4;
   static constexpr std::size_t off_order = off_gates + 2 * gates_bytes;  // longest-first ranks
-  static constexpr std::size_t off_bar = off_order + kWalkOrderBytes;     // mbarriers: K+Q x 3, V x 2
+  // Per record stage: the first tokens of the next two chunks (-1: none), for state thread 0's copies.
+  static constexpr std::size_t off_ahead = off_order + kWalkOrderBytes;
+  static constexpr std::size_t off_bar = off_ahead + 2 * 2 * 4;            // mbarriers: K+Q x 3, V x 2
   static constexpr std::size_t smem_bytes = off_bar + 5 * 8 + kSwizzleAtomBytes;  // + base alignment
   static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
                     rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,
@@ -93,6 +99,7 @@ struct FusedSm90 {
   __device__ static unsigned char* kq(unsigned char* smem, int s) { return smem + off_kq + s * kq_bytes; }
   __device__ static unsigned char* rec(unsigned char* smem, int s) { return smem + off_rec + s * rec_bytes; }
   __device__ static T* v(unsigned char* smem, int s) { return reinterpret_cast<T*>(smem + off_v + s * v_bytes); }
+  __device__ static int* ahead(unsigned char* smem, int s) { return reinterpret_cast<int*>(smem + off_ahead) + 2 * s; }
   __device__ static std::uint64_t* kq_bar(unsigned char* smem, int s) {
     return reinterpret_cast<std::uint64_t*>(smem + off_bar) + s;
   }
@@ -145,16 +152,20 @@ struct FusedProbe {
 #endif
 };
 
-// The record of one chunk (rows [0, nrows) valid) from its staged K and Q (kq) and the thread's
-// gate or beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into
-// rec: P, Mt hi, Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the
-// valid row blocks: P written whole, Mt's blocks right of the diagonal zero since
-// zero_record_tiles), gam and dec. The caller's copies of K and Q have landed; this starts with an
-// aux barrier.
+// The wgmma descriptor of 16 columns (kk-th step of 16) of a staged K or Q tile: 128-byte-swizzled
+// blocks of 64 columns x 64 rows (from `tile`, which may start at a row that is a multiple of 8).
+__device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile, int kk) {
+  return gmma_desc(tile + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024);
+}
+
+// The record of one chunk (rows [0, nrows) valid) from its staged K (kq) and the thread's gate or
+// beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: Mt hi,
+// Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the valid row blocks:
+// the blocks right of the diagonal zero since zero_record_tiles), gam and dec; and G log2(e) into
+// `gates` for fused_p. The caller's copies of K have landed; this starts with an aux barrier.
 template <class F>
 __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
-                                             float* gates, float gate_beta, int nrows, float scale, int tid,
-                                             FusedProbe& probe) {
+                                             float* gates, float gate_beta, int nrows, int tid, FusedProbe& probe) {
   using T = typename F::T;
   constexpr int DK = F::DK;
   constexpr int LDA = F::LDA;
@@ -169,22 +180,14 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   named_sync(F::kBarAux, 128);
   probe.mark();
 
-  // Q K^T and K K^T (rows: Q or K, columns: K; warp w holds rows 16 w + g and + 8, columns
-  // 8 n + 2t, + 1), two commit groups in flight while G is formed.
+  // K K^T (rows and columns: K; warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1), in
+  // flight while G is formed. (Q K^T is the state warpgroups', fused_p.)
   const unsigned char* const ks = kq;
-  const unsigned char* const qs = kq + F::Walk::k_bytes;
-  auto kdesc = [](const unsigned char* tile, int kk) {
-    return gmma_desc(tile + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024);
-  };
-  float qk[32], kkt[32];
-  gmma_fence(qk);
+  float kkt[32];
   gmma_fence(kkt);
   gmma_arrive();
 #pragma unroll
-  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(qk, kdesc(qs, kk), kdesc(ks, kk), kk > 0);
-  gmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(kkt, kdesc(ks, kk), kdesc(ks, kk), kk > 0);
+  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(kkt, fused_kdesc(ks, kk), fused_kdesc(ks, kk), kk > 0);
   gmma_commit();
   probe.mark();
 
@@ -208,34 +211,27 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   named_sync(F::kBarAux, 128);  // G published
   probe.mark();
 
-  // The decay D_ij = exp(G_i - G_j) (j <= i, else 0) once per element, for both P and A:
-  //   P = scale * (Q K^T) .* D, stored as the walk's 16-bit tile;
-  //   A = diag(beta) (K K^T) .* D (block row w, tiles left of and on the diagonal, by warp w),
-  // so that the inverse of I + strict_lower(A) is D .* Tu (a similarity by diag(exp(G))) and Mt
-  // below needs no exponentials. Every exponent is <= 0: nothing overflows for any gates.
+  // A = diag(beta) (K K^T) .* D with the decay D_ij = exp(G_i - G_j) (j <= i, else 0; block row w,
+  // tiles left of and on the diagonal, by warp w), so that the inverse of I + strict_lower(A) is
+  // D .* Tu (a similarity by diag(exp(G))) and Mt below needs no exponentials. Every exponent is
+  // <= 0: nothing overflows for any gates.
   const int i0 = 16 * warp + g;
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   const float b[2] = {bs[i0], bs[i0 + 8]};
   gmma_wait<0>();
-  gmma_fence(qk);
   gmma_fence(kkt);
-  {
-    unsigned char* const P = rec + 2 * F::m_bytes;
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const int j = 8 * n + 2 * t;
-      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+  for (int n = 0; n < 8; ++n) {
+    if (n > 2 * warp + 1) continue;
+    const int j = 8 * n + 2 * t;
+    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = i0 + 8 * hh;
-        const float d0 = j <= i ? fast_exp2(gi[hh] - gj.x) : 0.0f;
-        const float d1 = j + 1 <= i ? fast_exp2(gi[hh] - gj.y) : 0.0f;
-        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, n) + 4 * t) =
-            pack2<T>(scale * qk[4 * n + 2 * hh] * d0, scale * qk[4 * n + 2 * hh + 1] * d1);
-        if (n <= 2 * warp + 1)
-          *reinterpret_cast<float2*>(At + i * LDA + j) =
-              make_float2(b[hh] * kkt[4 * n + 2 * hh] * d0, b[hh] * kkt[4 * n + 2 * hh + 1] * d1);
-      }
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = i0 + 8 * hh;
+      const float d0 = j <= i ? fast_exp2(gi[hh] - gj.x) : 0.0f;
+      const float d1 = j + 1 <= i ? fast_exp2(gi[hh] - gj.y) : 0.0f;
+      *reinterpret_cast<float2*>(At + i * LDA + j) =
+          make_float2(b[hh] * kkt[4 * n + 2 * hh] * d0, b[hh] * kkt[4 * n + 2 * hh + 1] * d1);
     }
   }
   named_sync(F::kBarAux, 128);
@@ -299,10 +295,60 @@ __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) 
 }
 
 // A chunk position in the CTA's list of sequences (blockIdx.z, blockIdx.z + gridDim.z, ...):
-// list entry i, sequence n = [bos, eos), chunk at token c0. i >= num_seqs: past the end.
+// list entry i, chunk at token c0 of a sequence ending at eos; i >= num_seqs: past the end. 32-bit
+// (TMA coordinates are, and launch_fused refuses larger calls): three registers per position.
 struct ChunkPos {
-  std::int64_t i, n, bos, eos, c0;
-  __device__ int nrows() const { return static_cast<int>(eos - c0 < kChunk ? eos - c0 : kChunk); }
+  int i, eos, c0;
+  __device__ int nrows() const { return eos - c0 < kChunk ? eos - c0 : kChunk; }
+  __device__ bool valid(const ChunkedParams& p) const { return i < p.num_seqs; }
+};
+
+// The CTA's chunks in walk order: first() is chunk 0, next(c) the one after c (past the end:
+// !valid()). Empty sequences have no chunks.
+struct ChunkCursor {
+  const ChunkedParams& p;
+  const int* order;
+  // The first chunk of the first non-empty sequence among list entries i, i + gridDim.z, ...
+  __device__ ChunkPos seek(int i) const {
+    for (; i < p.num_seqs; i += gridDim.z) {
+      const std::int64_t n = p.longest_first ? order[i] : i;
+      const int bos = static_cast<int>(seq_begin(p, n)), eos = static_cast<int>(seq_begin(p, n + 1));
+      if (eos > bos) return {i, eos, bos};
+    }
+    return {i, 0, 0};
+  }
+  __device__ ChunkPos first() const { return seek(blockIdx.z); }
+  __device__ ChunkPos next(const ChunkPos& c) const {
+    if (c.c0 + kChunk < c.eos) return {c.i, c.eos, c.c0 + kChunk};
+    return seek(c.i + gridDim.z);
+  }
+};
+
+// TMA copies of the chunk at token c0 into a stage, by one thread: it arms the stage's mbarrier and
+// issues the boxes (64 columns x 64 tokens each). The aux issues chunks 0-2 (K, Q) and 0-1 (V);
+// state thread 0 the rest, as each step frees the previous chunk's stages, at the tokens the aux
+// leaves in F::ahead (the state warpgroups keep no cursor: registers).
+template <class F>
+struct FusedCopier {
+  const FusedParams& fp;
+  unsigned char* smem;
+  __device__ void kq(int c0, int s) const {
+    const int h = blockIdx.y;
+    unsigned char* const d = F::kq(smem, s);
+    std::uint64_t* const bar = F::kq_bar(smem, s);
+    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::kq_bytes));
+    for (int b = 0; b < F::DK / 64; ++b) {
+      tma_load_3d(d + b * (kChunk * 128), &fp.k, bar, 64 * b, c0, h / fp.p.k_group);
+      tma_load_3d(d + F::Walk::k_bytes + b * (kChunk * 128), &fp.q, bar, 64 * b, c0, h / fp.p.q_group);
+    }
+  }
+  __device__ void v(int c0, int s) const {
+    unsigned char* const d = reinterpret_cast<unsigned char*>(F::v(smem, s));
+    std::uint64_t* const bar = F::v_bar(smem, s);
+    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::v_bytes));
+    for (int b = 0; b < F::DVB / 64; ++b)
+      tma_load_3d(d + b * (kChunk * 128), &fp.v, bar, blockIdx.x * F::DVB + 64 * b, c0, blockIdx.y / fp.p.v_group);
+  }
 };
 
 // Zeroes rows [from, to) of a staged 128-byte-swizzled tile of `blocks` column blocks (the rows past
@@ -315,52 +361,29 @@ __device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, 
   }
 }
 
-// The aux warpgroup: copies (TMA, issued by thread 0) and records, one chunk ahead of the state
-// warpgroups.
+// The aux warpgroup: the first chunks' copies (TMA, issued by thread 0) and every record, one
+// chunk ahead of the state warpgroups.
 template <class F>
 __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* smem, const int* order, int tid) {
   constexpr int DK = F::DK;
   const ChunkedParams& p = fp.p;
   constexpr int C = kChunk;
   const int h = blockIdx.y;
-  const int hq = h / p.q_group, hk = h / p.k_group, hv = h / p.v_group;
-  const int v0 = blockIdx.x * F::DVB;
-  // The first chunk of the first non-empty sequence among list entries i, i + gridDim.z, ...
-  auto seek = [&](std::int64_t i) -> ChunkPos {
-    for (; i < p.num_seqs; i += gridDim.z) {
-      const std::int64_t n = p.longest_first ? order[i] : i;
-      const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
-      if (eos > bos) return {i, n, bos, eos, bos};
-    }
-    return {i, 0, 0, 0, 0};
-  };
-  auto next = [&](const ChunkPos& c) -> ChunkPos {
-    if (c.c0 + C < c.eos) return {c.i, c.n, c.bos, c.eos, c.c0 + C};
-    return seek(c.i + gridDim.z);
-  };
-  // Thread 0 arms a stage's barrier and issues its boxes (64 columns x 64 tokens each).
-  auto load_kq = [&](const ChunkPos& c, int s) {
-    if (tid != 0) return;
-    unsigned char* const d = F::kq(smem, s);
-    std::uint64_t* const bar = F::kq_bar(smem, s);
-    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::kq_bytes));
-    for (int b = 0; b < DK / 64; ++b) {
-      tma_load_3d(d + b * (C * 128), &fp.k, bar, 64 * b, static_cast<int>(c.c0), hk);
-      tma_load_3d(d + F::Walk::k_bytes + b * (C * 128), &fp.q, bar, 64 * b, static_cast<int>(c.c0), hq);
-    }
-  };
-  auto load_v = [&](const ChunkPos& c, int s) {
-    if (tid != 0) return;
-    unsigned char* const d = reinterpret_cast<unsigned char*>(F::v(smem, s));
-    std::uint64_t* const bar = F::v_bar(smem, s);
-    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::v_bytes));
-    for (int b = 0; b < F::DVB / 64; ++b) tma_load_3d(d + b * (C * 128), &fp.v, bar, v0 + 64 * b, static_cast<int>(c.c0), hv);
-  };
+  const ChunkCursor chunks{p, order};
+  const FusedCopier<F> copy{fp, smem};
 
   int j = 0;  // chunks handed to the state warpgroups
-  ChunkPos cur = seek(blockIdx.z);
-  if (cur.i < p.num_seqs) {
-    load_kq(cur, 0);
+  ChunkPos cur = chunks.first();
+  if (cur.valid(p)) {
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+    if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 takes over)
+      ChunkPos c = cur;
+      for (int k = 0; k < 3 && c.valid(p); ++k, c = chunks.next(c)) {
+        copy.kq(c.c0, k);
+        if (k < 2) copy.v(c.c0, k);
+      }
+    }
+#endif
     zero_record_tiles<F>(smem, tid);  // ordered before the records' writes by fused_record's first barrier
     float gb_cur = load_gate_beta(p, cur.c0, cur.nrows(), h, tid);
     for (;;) {
@@ -369,15 +392,16 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
 #endif
       probe.mark();
-      const ChunkPos nxt = next(cur);
-      const bool more = nxt.i < p.num_seqs;
+      const ChunkPos nxt = chunks.next(cur);
+      const bool more = nxt.valid(p);
+      if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j])
+        const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
+        F::ahead(smem, j % 2)[0] = more ? nxt.c0 : -1;
+        F::ahead(smem, j % 2)[1] = more && nxt2.valid(p) ? nxt2.c0 : -1;
+      }
       const int nrows = cur.nrows();
       if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);  // chunk j - 2 is done with
       probe.mark();
-#if GDNKIT_FUSED_PROBE_SKIP != 3
-      load_v(cur, j % 2);
-      if (more) load_kq(nxt, (j + 1) % 3);
-#endif
       probe.mark();
       const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
       probe.mark();
@@ -392,7 +416,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
                           reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur, nrows,
-                          p.scale, tid, probe);
+                          tid, probe);
 #endif
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V
@@ -400,8 +424,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
-      probe.print("aux: EMPTY | TMA issue | gate loads | K,Q wait, gates | wgmma issue | cumsum | products' wait, P, A | "
-                  "diagonal | rows 1 2 3 | Mt | V + FULL");
+      probe.print("aux: EMPTY | ahead | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
+                  "diagonal | rows 1 2 3 | tail | V + FULL");
       ++j;
       if (!more) break;
       cur = nxt;
@@ -412,10 +436,51 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   for (int jj = j >= 2 ? j - 2 : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % 2, F::kThreads);
 }
 
+// P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
+// 16-bit tile in rec, by the state warpgroups (tid among them): warpgroup w forms columns
+// [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the staged K and Q; Gs holds G log2(e)
+// (fused_record). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
+// as Q's are). The caller fences and orders the stores before the walk's wgmma reads them.
+template <class F>
+__device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* rec, const float* Gs, float scale,
+                                        int tid) {
+  using T = typename F::T;
+  constexpr int NP = 64 / F::kStateWarpgroups;
+  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const unsigned char* const ks = kq + wg * NP * 128;  // rows [NP wg, NP wg + NP) of K
+  const unsigned char* const qs = kq + F::Walk::k_bytes;
+  float acc[NP / 2];
+  gmma_fence(acc);
+  gmma_arrive();
+#pragma unroll
+  for (int kk = 0; kk < F::DK / 16; ++kk) gmma_ss<T, NP>(acc, fused_kdesc(qs, kk), fused_kdesc(ks, kk), kk > 0);
+  gmma_commit();
+  const int i0 = 16 * warp + g;
+  const float gi[2] = {Gs[i0], Gs[i0 + 8]};
+  gmma_wait<0>();
+  gmma_fence(acc);
+  unsigned char* const P = rec + 2 * F::m_bytes;
+#pragma unroll
+  for (int n = 0; n < NP / 8; ++n) {
+    const int j = NP * wg + 8 * n + 2 * t;
+    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = i0 + 8 * hh;
+      const float d0 = j <= i ? fast_exp2(gi[hh] - gj.x) : 0.0f;
+      const float d1 = j + 1 <= i ? fast_exp2(gi[hh] - gj.y) : 0.0f;
+      *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
+          pack2<T>(scale * acc[4 * n + 2 * hh] * d0, scale * acc[4 * n + 2 * hh + 1] * d1);
+    }
+  }
+}
+
 // The state warpgroups (tid = thread index among their 256): the walk of every sequence in the
 // CTA's list, empty ones included (their final state is the initial one).
 template <class F>
-__device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned char* smem, const int* order, int tid) {
+__device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char* smem, const int* order, int tid) {
+  const ChunkedParams& p = fp.p;
+  const FusedCopier<F> copy{fp, smem};
   using T = typename F::T;
   constexpr int DK = F::DK;
   using W = typename F::Walk;
@@ -442,20 +507,31 @@ __device__ __forceinline__ void fused_state(const ChunkedParams& p, unsigned cha
 #endif
       probe.mark();
       named_sync(F::kBarFull + j % 2, F::kThreads);
+      // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
+      // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's).
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+      if (tid == 0 && j >= 1) {
+        const int* const a = F::ahead(smem, j % 2);
+        if (a[0] >= 0) copy.v(a[0], (j + 1) % 2);
+        if (a[1] >= 0) copy.kq(a[1], (j + 2) % 3);
+      }
+#endif
       probe.mark();
+      unsigned char* const rec = F::rec(smem, j % 2);
       if (nrows < C) {
         // A tail chunk: each warpgroup zeroes the rows of its own 64 V columns that the walk reads
-        // past the end, [nrows, 16 nb) (TMA filled them from the next sequence), and fences them
-        // before a later TMA copy rewrites the stage.
-        // At most 15 rows of 8 16-byte words: one store per thread.
+        // past the end, [nrows, 16 nb) (TMA filled them from the next sequence; at most 15 rows of
+        // 8 16-byte words: one store per thread).
         const int idx = tid % 128, r = nrows + idx / 8;
         if (r < 16 * ((nrows + 15) / 16))
           *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (tid / 128) * (C * 128) +
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
-        gmma_smem_fence();
-        named_sync(F::kBarVTail + tid / 128, 128);
       }
-      unsigned char* const rec = F::rec(smem, j % 2);
+      fused_p<F>(F::kq(smem, j % 3), rec,
+                 reinterpret_cast<const float*>(smem + F::off_gates + (j % 2) * F::gates_bytes) + C, p.scale, tid);
+      // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
+      gmma_smem_fence();
+      named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam)};
       T* const orow0 = oh + c0 * p.o_token;
@@ -502,7 +578,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     fused_aux<F>(fp, smem, order, tid);
   } else {
     if constexpr (F::kStateWarpgroups == 2) regs_up<F::kStateRegs>();
-    fused_state<F>(fp.p, smem, order, tid - 128);
+    fused_state<F>(fp, smem, order, tid - 128);
   }
 }
 

@@ -69,6 +69,14 @@ template <>
 struct OpSS<__half, 64> {
   using type = G::MMA_64x64x16_F32F16F16_SS<G::Major::K, G::Major::K>;
 };
+template <>
+struct OpSS<__nv_bfloat16, 32> {
+  using type = G::MMA_64x32x16_F32BF16BF16_SS<G::Major::K, G::Major::K>;
+};
+template <>
+struct OpSS<__half, 32> {
+  using type = G::MMA_64x32x16_F32F16F16_SS<G::Major::K, G::Major::K>;
+};
 
 template <class O, std::size_t... I>
 __device__ __forceinline__ void fma_ss(std::uint64_t desc_a, std::uint64_t desc_b, float (&d)[sizeof...(I)],
