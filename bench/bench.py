@@ -260,10 +260,10 @@ def main():
         print(f"cula-28 geomean gdnkit/floor: {gm:.2f}", end="")
         if fla:
             gf = math.exp(sum(math.log(r["fla_kernel_ms"] / r["gdnkit_ms"]) for r in cula) / len(cula))
-            slower = [r["name"] for r in cula if r["gdnkit_ms"] > r["fla_kernel_ms"]]
+            slower = [r["name"] for r in results if r["gdnkit_ms"] > r["fla_kernel_ms"]]
             eager_slower = [r["name"] for r in results if r["gdnkit_eager_ms"] > r["fla_eager_ms"]]
-            print(f"; FLA kernels / gdnkit: {gf:.2f}x; rows where gdnkit device > FLA kernels: {slower or 'none'};"
-                  f" rows where gdnkit eager > FLA eager: {eager_slower or 'none'}", end="")
+            print(f"; FLA kernels / gdnkit: {gf:.2f}x (cula-28); rows where gdnkit device > FLA kernels:"
+                  f" {slower or 'none'}; rows where gdnkit eager > FLA eager: {eager_slower or 'none'}", end="")
         print()
     print(f"python host time of one call on {smallest['name']}: {py_host_us:.1f} us")
     print(f"wrote {out}")
