@@ -20,6 +20,16 @@ constexpr int kPrepThreads = 128;  // threads per prep CTA (4 warps); a walk CTA
 constexpr int kLongestFirstMaxSeqs = 64;
 constexpr std::size_t kWalkOrderBytes = 2 * 4 * kLongestFirstMaxSeqs;
 
+// One walk of the fused kernel's optional walk list (ChunkedParams::walks): tokens [begin, end) of
+// sequence seq, begin at a chunk border of the sequence (its start + a multiple of 64), from the
+// start state walk_states[state_in] (state_in >= 0) or else the sequence's initial state (zero
+// without one); the walk writes the sequence's final state only if `last` is set. Splitting a
+// sequence into walks at chunk borders gives the same output as walking it whole, given the
+// state at each border.
+struct WalkSpan {
+  std::int32_t seq = 0, begin = 0, end = 0, state_in = -1, last = 1;
+};
+
 // Everything the kernel reads, resolved on the host. Strides are in elements. Pointers are the
 // caller's; the kernel never writes through an input pointer.
 struct ChunkedParams {
@@ -63,6 +73,13 @@ struct ChunkedParams {
   // order, so long walks start first and short ones fill in: the longest-first list schedule).
   // Only with cu_seqlens and num_seqs <= kLongestFirstMaxSeqs.
   bool longest_first = false;
+
+  // The fused kernel's walk list (null: one walk per sequence): num_walks entries in device memory,
+  // walked instead of the sequences (longest_first must be false), and the start states they name,
+  // [index, H, dk, dv] in the problem's state layout (state_vk).
+  const WalkSpan* walks = nullptr;
+  std::int64_t num_walks = 0;
+  const float* walk_states = nullptr;
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;
@@ -169,9 +186,10 @@ struct SplitKernel {
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.
 const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a = false);
-// The fused instantiation of (dtype, dk, value columns per CTA: 64 or 128); nullptr when none was
-// built (no CUTLASS headers).
-const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb);
+// The fused instantiation of (dtype, dk, value columns per CTA: 64 or 128), or its walk-list
+// variant (launched with ChunkedParams::walks set, else it returns cudaErrorInvalidValue);
+// nullptr when none was built (no CUTLASS headers).
+const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks = false);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {
@@ -181,5 +199,6 @@ struct SplitKernelList {
 SplitKernelList split_kernels_bf16();
 SplitKernelList split_kernels_f16();
 SplitKernelList fused_kernels();  // fused_sm90.cu: every dtype and dk (empty without CUTLASS)
+SplitKernelList fused_walks_kernels();  // their walk-list variants (not the planner's)
 
 }  // namespace gdnkit::cuda

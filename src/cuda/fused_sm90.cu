@@ -50,24 +50,26 @@ bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t
 namespace {
 
 // Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
-template <typename T, int DK, int DVB>
+template <typename T, int DK, int DVB, bool kWalks = false>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
-  using F = FusedSm90<T, DK, DVB>;
+  using F = FusedSm90<T, DK, DVB, kWalks>;
+  if (kWalks != (params.walks != nullptr)) return cudaErrorInvalidValue;  // a walk list iff the variant walks one
   // Token positions and sequence indices are 32-bit in the kernel (TMA coordinates are).
-  if (params.tokens > INT32_MAX || params.num_seqs > INT32_MAX) return cudaErrorInvalidValue;
+  if (params.tokens > INT32_MAX || params.num_seqs > INT32_MAX || params.num_walks > INT32_MAX) return cudaErrorInvalidValue;
+  if (params.walks != nullptr && params.longest_first) return cudaErrorInvalidValue;  // the order ranks sequences
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
   void* args[] = {&fp};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB>), grid, dim3(F::kThreads),
-                          args, F::smem_bytes, stream);
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>), grid,
+                          dim3(F::kThreads), args, F::smem_bytes, stream);
 }
 
-template <typename T, int DK, int DVB>
+template <typename T, int DK, int DVB, bool kWalks = false>
 constexpr SplitKernel fused_entry(const char* name, DType dtype) {
-  using F = FusedSm90<T, DK, DVB>;
+  using F = FusedSm90<T, DK, DVB, kWalks>;
   return SplitKernel{name,     dtype,   DK, F::DVB / 16, true, 0, F::smem_bytes, nullptr,
-                     reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB>),
-                     &launch_fused<T, DK, DVB>, F::kThreads, true};
+                     reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>),
+                     &launch_fused<T, DK, DVB, kWalks>, F::kThreads, true};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per
@@ -83,15 +85,32 @@ const SplitKernel kKernels[] = {
     fused_entry<__half, 64, 64>("cuda-fused-sm90-f16-k64-v64", DType::f16),
 };
 
+// The walk-list variants (ChunkedParams::walks), for splitting sequences: not in the planner's list
+// (a call by kernel name never reaches them); fused_walks_kernel finds them.
+const SplitKernel kWalkKernels[] = {
+    fused_entry<__nv_bfloat16, 128, 128, true>("cuda-fused-sm90-bf16-k128-walks", DType::bf16),
+    fused_entry<__nv_bfloat16, 64, 128, true>("cuda-fused-sm90-bf16-k64-walks", DType::bf16),
+    fused_entry<__half, 128, 128, true>("cuda-fused-sm90-f16-k128-walks", DType::f16),
+    fused_entry<__half, 64, 128, true>("cuda-fused-sm90-f16-k64-walks", DType::f16),
+    fused_entry<__nv_bfloat16, 128, 64, true>("cuda-fused-sm90-bf16-k128-v64-walks", DType::bf16),
+    fused_entry<__nv_bfloat16, 64, 64, true>("cuda-fused-sm90-bf16-k64-v64-walks", DType::bf16),
+    fused_entry<__half, 128, 64, true>("cuda-fused-sm90-f16-k128-v64-walks", DType::f16),
+    fused_entry<__half, 64, 64, true>("cuda-fused-sm90-f16-k64-v64-walks", DType::f16),
+};
+
 }  // namespace
 
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }
+SplitKernelList fused_walks_kernels() {
+  return {kWalkKernels, static_cast<int>(sizeof kWalkKernels / sizeof kWalkKernels[0])};
+}
 #else
 SplitKernelList fused_kernels() { return {nullptr, 0}; }
+SplitKernelList fused_walks_kernels() { return {nullptr, 0}; }
 #endif
 
-const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb) {
-  const SplitKernelList list = fused_kernels();
+const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks) {
+  const SplitKernelList list = walks ? fused_walks_kernels() : fused_kernels();
   for (int i = 0; i < list.count; ++i)
     if (list.begin[i].dtype == dtype && list.begin[i].dk == dk && 16 * list.begin[i].warps == dvb)
       return &list.begin[i];

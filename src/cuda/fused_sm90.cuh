@@ -44,13 +44,16 @@
 
 namespace gdnkit::cuda {
 
-template <typename T_, int DK_, int DVB_ = 128>
+template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false>
 struct FusedSm90 {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr int DVB = DVB_;             // value columns per CTA: 64 per state warpgroup
   static_assert(DVB == 64 || DVB == 128, "one or two state warpgroups");
   static constexpr int kStateWarpgroups = DVB / 64;
+  // The walk-list variant: walks p.walks (each its own token range, start state and final-state
+  // flag) instead of one walk per sequence; the groundwork for splitting sequences.
+  static constexpr bool kWalks = kWalks_;
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
@@ -294,25 +297,45 @@ __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) 
       reinterpret_cast<uint4*>(F::rec(smem, s))[idx] = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// A chunk position in the CTA's list of sequences (blockIdx.z, blockIdx.z + gridDim.z, ...):
-// list entry i, chunk at token c0 of a sequence ending at eos; i >= num_seqs: past the end. 32-bit
-// (TMA coordinates are, and launch_fused refuses larger calls): three registers per position.
+// The CTA's list: walks (blockIdx.z, blockIdx.z + gridDim.z, ...) of walk_count entries, each a
+// sequence or, in the walk-list variant (kWalks), an entry of p.walks; walk_range gives entry i's
+// tokens [bos, eos).
+template <bool kWalks>
+__device__ __forceinline__ std::int64_t walk_count(const ChunkedParams& p) {
+  return kWalks ? p.num_walks : p.num_seqs;
+}
+template <bool kWalks>
+__device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* order, int i, int& bos, int& eos) {
+  if constexpr (kWalks) {
+    bos = p.walks[i].begin;
+    eos = p.walks[i].end;
+  } else {
+    const std::int64_t n = p.longest_first ? order[i] : i;
+    bos = static_cast<int>(seq_begin(p, n));
+    eos = static_cast<int>(seq_begin(p, n + 1));
+  }
+}
+
+// A chunk position in the CTA's list of walks: list entry i, chunk at token c0 of a walk ending at
+// eos; i >= walk_count: past the end. 32-bit (TMA coordinates are, and launch_fused refuses
+// larger calls): three registers per position.
 struct ChunkPos {
   int i, eos, c0;
   __device__ int nrows() const { return eos - c0 < kChunk ? eos - c0 : kChunk; }
-  __device__ bool valid(const ChunkedParams& p) const { return i < p.num_seqs; }
 };
 
 // The CTA's chunks in walk order: first() is chunk 0, next(c) the one after c (past the end:
-// !valid()). Empty sequences have no chunks.
+// !valid(c)). Empty walks have no chunks.
+template <bool kWalks>
 struct ChunkCursor {
   const ChunkedParams& p;
   const int* order;
-  // The first chunk of the first non-empty sequence among list entries i, i + gridDim.z, ...
+  __device__ bool valid(const ChunkPos& c) const { return c.i < walk_count<kWalks>(p); }
+  // The first chunk of the first non-empty walk among list entries i, i + gridDim.z, ...
   __device__ ChunkPos seek(int i) const {
-    for (; i < p.num_seqs; i += gridDim.z) {
-      const std::int64_t n = p.longest_first ? order[i] : i;
-      const int bos = static_cast<int>(seq_begin(p, n)), eos = static_cast<int>(seq_begin(p, n + 1));
+    for (; i < walk_count<kWalks>(p); i += gridDim.z) {
+      int bos, eos;
+      walk_range<kWalks>(p, order, i, bos, eos);
       if (eos > bos) return {i, eos, bos};
     }
     return {i, 0, 0};
@@ -369,16 +392,16 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const ChunkedParams& p = fp.p;
   constexpr int C = kChunk;
   const int h = blockIdx.y;
-  const ChunkCursor chunks{p, order};
+  const ChunkCursor<F::kWalks> chunks{p, order};
   const FusedCopier<F> copy{fp, smem};
 
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = chunks.first();
-  if (cur.valid(p)) {
+  if (chunks.valid(cur)) {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
     if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 takes over)
       ChunkPos c = cur;
-      for (int k = 0; k < 3 && c.valid(p); ++k, c = chunks.next(c)) {
+      for (int k = 0; k < 3 && chunks.valid(c); ++k, c = chunks.next(c)) {
         copy.kq(c.c0, k);
         if (k < 2) copy.v(c.c0, k);
       }
@@ -393,11 +416,11 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 #endif
       probe.mark();
       const ChunkPos nxt = chunks.next(cur);
-      const bool more = nxt.valid(p);
+      const bool more = chunks.valid(nxt);
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j])
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % 2)[0] = more ? nxt.c0 : -1;
-        F::ahead(smem, j % 2)[1] = more && nxt2.valid(p) ? nxt2.c0 : -1;
+        F::ahead(smem, j % 2)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
       }
       const int nrows = cur.nrows();
       if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);  // chunk j - 2 is done with
@@ -446,6 +469,7 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
                                         int tid) {
   using T = typename F::T;
   constexpr int NP = 64 / F::kStateWarpgroups;
+  tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const unsigned char* const ks = kq + wg * NP * 128;  // rows [NP wg, NP wg + NP) of K
   const unsigned char* const qs = kq + F::Walk::k_bytes;
@@ -493,12 +517,24 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 
   float st[DK / 8][4];
   int j = 0;
-  for (std::int64_t i = blockIdx.z; i < p.num_seqs; i += gridDim.z) {
-    const std::int64_t n = p.longest_first ? order[i] : i;
-    const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
-    const std::int64_t state_lane = lane_state_offset<DK>(p, n, h, v0 + l.cw + l.g, l.t);
-    load_state_tiles<DK>(st, p, state_lane);
-    bool zero_state = !p.has_initial_state;  // then the first chunk skips K S and Q S
+  // Walk i's sequence (for its initial and final state) and whether it writes the final state.
+  auto walk_seq = [&](std::int64_t i) -> std::int64_t {
+    if constexpr (F::kWalks) return p.walks[i].seq;
+    return p.longest_first ? order[i] : i;
+  };
+  for (std::int64_t i = blockIdx.z; i < walk_count<F::kWalks>(p); i += gridDim.z) {
+    // The walk: a sequence, or an entry of the walk list (its own start state, perhaps no final one).
+    std::int64_t bos, eos, start_index = walk_seq(i);
+    const float* start = p.has_initial_state ? p.initial_state : nullptr;
+    if constexpr (F::kWalks) {
+      const WalkSpan w = p.walks[i];
+      bos = w.begin, eos = w.end;
+      if (w.state_in >= 0) start = p.walk_states, start_index = w.state_in;
+    } else {
+      bos = seq_begin(p, start_index), eos = seq_begin(p, start_index + 1);
+    }
+    load_state_tiles<DK>(st, p, start, lane_state_offset<DK>(p, start_index, h, v0 + l.cw + l.g, l.t));
+    bool zero_state = start == nullptr;  // then the first chunk skips K S and Q S
     for (std::int64_t c0 = bos; c0 < eos; c0 += C, ++j) {
       const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
       FusedProbe probe;
@@ -550,7 +586,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       probe.print("state: full-wait walk");
       zero_state = false;
     }
-    if (p.want_final_state) store_state_tiles<DK>(st, p, state_lane);
+    if (p.want_final_state && (!F::kWalks || p.walks[i].last))
+      store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, v0 + l.cw + l.g, l.t));
   }
 }
 
@@ -584,13 +621,13 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
 
 // grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a
 // hold only a trap (the planner never picks the kernel there).
-template <typename T, int DK, int DVB>
-__global__ void __launch_bounds__(FusedSm90<T, DK, DVB>::kThreads, 1)
+template <typename T, int DK, int DVB, bool kWalks = false>
+__global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks>::kThreads, 1)
     gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  fused_cta<FusedSm90<T, DK, DVB>>(fp);
+  fused_cta<FusedSm90<T, DK, DVB, kWalks>>(fp);
 #endif
 }
 

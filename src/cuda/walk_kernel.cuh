@@ -366,15 +366,20 @@ __device__ __forceinline__ std::int64_t lane_state_offset(const ChunkedParams& p
 }
 // Opaque copies of the offsets: the final-state store recomputes them rather than keeping them
 // live (in registers) across the whole walk.
+// The state from src (null: zero).
 template <int DK>
-__device__ __forceinline__ void load_state_tiles(float (&st)[DK / 8][4], const ChunkedParams& p, std::int64_t off) {
+__device__ __forceinline__ void load_state_tiles(float (&st)[DK / 8][4], const ChunkedParams& p, const float* src,
+                                                 std::int64_t off) {
   const std::int64_t base = opaque(off);
   const int cs = opaque(p.state_vk ? DK : 1), ds = opaque(p.state_vk ? 1 : p.dv);
 #pragma unroll
   for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      st[j][e] = p.has_initial_state ? p.initial_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] : 0.0f;
+    for (int e = 0; e < 4; ++e) st[j][e] = src ? src[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] : 0.0f;
+}
+template <int DK>
+__device__ __forceinline__ void load_state_tiles(float (&st)[DK / 8][4], const ChunkedParams& p, std::int64_t off) {
+  load_state_tiles<DK>(st, p, p.has_initial_state ? p.initial_state : nullptr, off);
 }
 template <int DK>
 __device__ __forceinline__ void store_state_tiles(const float (&st)[DK / 8][4], const ChunkedParams& p,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "mock.h"
+#include "common/walk_split.h"
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
@@ -91,9 +92,9 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
 }
 
 // The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace.
-template <typename T, int DK, int DVB>
+template <typename T, int DK, int DVB, bool kWalks = false>
 void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
-  using F = cuda::FusedSm90<T, DK, DVB>;
+  using F = cuda::FusedSm90<T, DK, DVB, kWalks>;
   static_assert(F::smem_bytes <= sizeof(cuda::smem_raw));
   p.ws = nullptr;
   cuda::FusedParams fp;
@@ -450,3 +451,41 @@ Config plan(const Problem&, const detail::Shape&, const Options&) { throw Error(
 void run(const Problem&, const detail::Shape&, const Config&, const Tensors&, void*, Stream) {}
 void copy_to_host(void*, const void*, std::size_t, Stream) {}
 }  // namespace gdnkit::cuda
+
+// The walk-list variant: every sequence split at chunk borders into three walks (one of them empty
+// where two cuts coincide), listed in reverse, each later walk started from the fp64 oracle's state
+// at its border; o and the final states must match the oracle as an unsplit run does.
+TEST(Emulated, FusedWalkList) {
+  for (int dvb : {128, 64}) {
+    Spec s;
+    s.lens = {300, 130, 64, 5, 0};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = 128;
+    s.dv = dvb;
+    s.initial_state = dvb == 128;
+    s.final_state = true;
+    s.layout = dvb == 128 ? StateLayout::kv : StateLayout::vk;
+    s.seed = 1500 + dvb;
+    SCOPED_TRACE(s.describe());
+    Case c = test::random_case(s);
+    const test::Reference ref = test::run_reference(c);
+    test::WalkSplit w = test::split_walks(c, {64, 128, 64, 0, 0}, {192, 128, 64, 0, 0});
+    cuda::ChunkedParams p = cuda::chunked_params(c.problem, c.shape, c.tensors());
+    p.walks = w.walks.data();
+    p.num_walks = static_cast<std::int64_t>(w.walks.size());
+    p.walk_states = w.states.data();
+    const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(c.shape.H), 4);  // 15 walks, 4 CTAs
+    if (dvb == 128)
+      emulate_fused<__nv_bfloat16, 128, 128, true>(p, grid);
+    else
+      emulate_fused<__nv_bfloat16, 128, 64, true>(p, grid);
+    const Errors e = test::compare(c, ref);
+    SCOPED_TRACE(e.str());
+    EXPECT_TRUE(e.issues.empty()) << e.issues;
+    EXPECT_LT(e.o, 2e-2);
+    EXPECT_LT(e.o_worst, 4e-2);
+    EXPECT_LT(e.state, 2e-2);
+    EXPECT_LT(e.state_worst, 4e-2);
+  }
+}

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "common/walk_split.h"
 #include "cuda/chunked.h"
 #include "gpu/gpu_util.h"
 
@@ -886,3 +887,100 @@ TEST_F(Cuda, PlanReportsKernel) {
 }
 
 }  // namespace
+
+// The fused kernel's walk-list variant (ChunkedParams::walks, the groundwork for splitting
+// sequences): every sequence split into three walks at chunk borders (one empty), listed in
+// reverse. From the fp64 oracle's states at the borders, o and the final states are within
+// tolerance of the oracle; from the kernel's own states there (prefix runs on the same kernel), bit
+// for bit those of the unsplit run. Each variant refuses a call without a walk list, and the plain
+// kernel one with it.
+TEST_F(Cuda, FusedWalkList) {
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (!(major == 9 && minor == 0) || cuda::find_fused_kernel(DType::bf16, 128, 128, true) == nullptr)
+    GTEST_SKIP() << "the fused kernel runs on compute capability 9.0 only";
+  int i = 0;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int dk : {128, 64})
+      for (int dvb : {128, 64}) {
+        Spec s;
+        s.lens = {300, 130, 64, 5, 0, 700};
+        s.Hq = s.Hk = 1;
+        s.Hv = 2;
+        s.dk = dk;
+        s.dv = 128;
+        s.qkv = dt;
+        s.initial_state = i % 2 == 0;
+        s.final_state = true;
+        s.layout = i % 3 == 0 ? StateLayout::vk : StateLayout::kv;
+        s.seed = 1600 + i++;
+        SCOPED_TRACE(s.describe() + " dvb=" + std::to_string(dvb));
+        const std::vector<std::int64_t> c1 = {64, 128, 64, 0, 0, 320}, c2 = {192, 128, 64, 0, 0, 640};
+        const cuda::SplitKernel* k = cuda::find_fused_kernel(dt, dk, dvb, true);
+        const cuda::SplitKernel* plain = cuda::find_fused_kernel(dt, dk, dvb);
+        ASSERT_NE(k, nullptr);
+        gdnkit::Options same;
+        same.kernel = plain->name;
+        // Runs c on the walk list w (uploaded), returns the launch's status.
+        auto run_walks = [&](Case& c, const test::WalkSplit& w, const cuda::SplitKernel* kern) {
+          DeviceCase d(c);
+          cuda::WalkSpan* walks = nullptr;
+          float* states = nullptr;
+          GDN_CUDA(cudaMalloc(&walks, w.walks.size() * sizeof(cuda::WalkSpan)));
+          GDN_CUDA(cudaMalloc(&states, w.states.size() * sizeof(float)));
+          GDN_CUDA(cudaMemcpy(walks, w.walks.data(), w.walks.size() * sizeof(cuda::WalkSpan), cudaMemcpyHostToDevice));
+          GDN_CUDA(cudaMemcpy(states, w.states.data(), w.states.size() * sizeof(float), cudaMemcpyHostToDevice));
+          cuda::ChunkedParams p = cuda::chunked_params(d.problem(), c.shape, d.tensors());
+          p.walks = walks;
+          p.num_walks = static_cast<std::int64_t>(w.walks.size());
+          p.walk_states = states;
+          const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(c.shape.H), 5);
+          const cudaError_t err = kern->launch(p, dim3(), grid, nullptr);
+          GDN_CUDA(cudaDeviceSynchronize());
+          d.download();
+          cudaFree(walks);
+          cudaFree(states);
+          return err;
+        };
+        // From the oracle's states.
+        Case c = test::random_case(s);
+        const test::Reference ref = test::run_reference(c);
+        const test::WalkSplit w = test::split_walks(c, c1, c2);
+        EXPECT_EQ(run_walks(c, w, k), cudaSuccess);
+        const Errors e = test::compare(c, ref);
+        EXPECT_TRUE(e.issues.empty()) << e.issues;
+        EXPECT_LT(e.o, tol_all(dt));
+        EXPECT_LT(e.o_worst, tol_worst(dt));
+        EXPECT_LT(e.state, tol_all(dt));
+        EXPECT_LT(e.state_worst, tol_worst(dt));
+        report("fused walk list", s, e, k->name);
+        // From the kernel's own states: the prefix runs' final states replace the oracle's.
+        Case full = test::random_case(s);
+        {
+          DeviceCase d(full);
+          EXPECT_EQ(test::run_device(full, d, nullptr, same), plain->name);
+        }
+        test::WalkSplit own = test::split_walks(full, c1, c2);
+        const std::vector<std::int64_t> zero(c1.size(), 0);
+        for (int level = 0; level < 2; ++level) {
+          Case part = test::sub_case(full, zero, level == 0 ? c1 : c2);
+          DeviceCase d(part);
+          EXPECT_EQ(test::run_device(part, d, nullptr, same), plain->name);
+          std::copy_n(part.fin.data(), part.state_elems(), own.states.data() + level * part.state_elems());
+        }
+        Case split = test::random_case(s);  // the same inputs (same seed), outputs poisoned afresh
+        EXPECT_EQ(run_walks(split, own, k), cudaSuccess);
+        EXPECT_TRUE(test::written_issues(split).empty()) << test::written_issues(split);
+        EXPECT_EQ(test::gather_o(split), test::gather_o(full)) << "walks split on chunk borders must be bit-identical";
+        EXPECT_EQ(test::gather_state(split), test::gather_state(full)) << "walks split on chunk borders must be bit-identical";
+        // The variants refuse the wrong kind of call.
+        EXPECT_EQ(run_walks(split, own, plain), cudaErrorInvalidValue);
+        {
+          DeviceCase d(split);
+          const cuda::ChunkedParams p = cuda::chunked_params(d.problem(), split.shape, d.tensors());
+          EXPECT_EQ(k->launch(p, dim3(), dim3(1, 1, 1), nullptr), cudaErrorInvalidValue);
+        }
+      }
+}
