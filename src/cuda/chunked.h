@@ -188,7 +188,9 @@ struct SplitKernel {
 const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a = false);
 // The fused instantiation of (dtype, dk, value columns per CTA: 64 or 128), or its walk-list
 // variant (launched with ChunkedParams::walks set, else it returns cudaErrorInvalidValue);
-// nullptr when none was built (no CUTLASS headers).
+// nullptr when none was built (no CUTLASS headers). Before a launch, the kernel must be opted into
+// its dynamic shared memory on the device (walk_smem; backend.cu's prepare_kernel, once per
+// device, for the planner's kernels).
 const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks = false);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).

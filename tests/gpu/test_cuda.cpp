@@ -921,6 +921,10 @@ TEST_F(Cuda, FusedWalkList) {
         const cuda::SplitKernel* k = cuda::find_fused_kernel(dt, dk, dvb, true);
         const cuda::SplitKernel* plain = cuda::find_fused_kernel(dt, dk, dvb);
         ASSERT_NE(k, nullptr);
+        // Called directly, not through a plan: opt the variant into its shared memory as
+        // prepare_kernel (backend.cu) does for the planner's kernels.
+        GDN_CUDA(cudaFuncSetAttribute(k->walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(k->walk_smem)));
         gdnkit::Options same;
         same.kernel = plain->name;
         // Runs c on the walk list w (uploaded), returns the launch's status.
