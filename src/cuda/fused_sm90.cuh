@@ -499,8 +499,9 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   }
 }
 
-// The state warpgroups (tid = thread index among their 256): the walk of every sequence in the
-// CTA's list, empty ones included (their final state is the initial one).
+// The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
+// sequence, or in the walk-list variant an entry of p.walks), empty ones included (their final
+// state is the start one).
 template <class F>
 __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char* smem, const int* order, int tid) {
   const ChunkedParams& p = fp.p;
@@ -517,7 +518,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 
   float st[DK / 8][4];
   int j = 0;
-  // Walk i's sequence (for its initial and final state) and whether it writes the final state.
+  // Walk i's sequence (for its initial and final state).
   auto walk_seq = [&](std::int64_t i) -> std::int64_t {
     if constexpr (F::kWalks) return p.walks[i].seq;
     return p.longest_first ? order[i] : i;
