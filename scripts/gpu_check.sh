@@ -13,8 +13,9 @@
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
 #                                                PROFILE_KERNELS=fused for the fused kernel)
 #   STAGES="build ab" AB_BASE=build-ab/base-src AB_ROWS=... AB_KERNELS=... bash scripts/gpu_check.sh
-#       (A/B in one run: bench_gdnkit of another source tree, e.g. `git archive main | tar -x -C
-#        build-ab/base-src`, against this one, alternating, two rounds; carry the base tree along)
+#       (A/B in one run: bench_gdnkit of other source trees, e.g. `git archive main | tar -x -C
+#        build-ab/base-src`, against this one, alternating, two rounds; AB_BASE may name several
+#        trees; carry them along)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -121,29 +122,28 @@ if has profile; then
 fi
 
 if has ab; then
-  # The base tree's benchmark driver, built beside this one's (same compiler and flags), then both
+  # The base trees' benchmark drivers, built beside this one's (same compiler and flags), then all
   # timed alternately on the same rows and kernels, so that clocks and the machine are shared.
-  base=${AB_BASE:-build-ab/base-src}
+  # AB_BASE may list several trees (space-separated): each is one more side of the comparison.
   rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
   kernels=${AB_KERNELS:+--kernels $AB_KERNELS}
-  cmake -S "$base" -B "$BUILD-ab-base" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DGDNKIT_BUILD_TESTS=OFF ${cutlass:+-DGDNKIT_CUTLASS_DIR=$PWD/$cutlass} >"$OUT/ab-configure.log" 2>&1 &&
-    cmake --build "$BUILD-ab-base" -j "$(nproc)" --target bench_gdnkit >"$OUT/ab-build.log" 2>&1
-  rc=$?
-  note "ab: base build rc=$rc ($base)"
-  if [ $rc -eq 0 ]; then
-    for round in 1 2; do
-      for side in base new; do
-        bin=$BUILD/bench_gdnkit
-        [ $side = base ] && bin=$BUILD-ab-base/bench_gdnkit
-        echo "== $side (round $round)"
-        "$bin" --reps 10 --only "$rows" $kernels 2>&1 | grep -v '^#'
-      done
-    done | tee "$OUT/ab.txt"
-  else
-    status=1
-    tail -20 "$OUT/ab-build.log"
-  fi
+  sides=()
+  for base in ${AB_BASE:-build-ab/base-src}; do
+    dir=$BUILD-ab-$(basename "$base")
+    cmake -S "$base" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+      -DGDNKIT_BUILD_TESTS=OFF ${cutlass:+-DGDNKIT_CUTLASS_DIR=$PWD/$cutlass} >"$OUT/ab-configure.log" 2>&1 &&
+      cmake --build "$dir" -j "$(nproc)" --target bench_gdnkit >"$OUT/ab-build.log" 2>&1
+    rc=$?
+    note "ab: base build rc=$rc ($base)"
+    if [ $rc -eq 0 ]; then sides+=("$dir/bench_gdnkit"); else status=1; tail -20 "$OUT/ab-build.log"; fi
+  done
+  sides+=("$BUILD/bench_gdnkit")
+  for round in 1 2; do
+    for bin in "${sides[@]}"; do
+      echo "== $bin (round $round)"
+      "$bin" --reps 10 --only "$rows" $kernels 2>&1 | grep -v '^#'
+    done
+  done | tee "$OUT/ab.txt"
 fi
 
 if has bench; then
