@@ -155,6 +155,12 @@ struct FusedProbe {
 #endif
 };
 
+// D_ij, D_i,j+1 with D_ij = exp(G_i - G_j) from base-2 G (G log2(e)), zero above the diagonal
+// (j > i). Every exponent is <= 0 where it is evaluated: nothing overflows for any gates.
+__device__ __forceinline__ float2 decay_pair(float gi, float2 gj, int i, int j) {
+  return make_float2(j <= i ? fast_exp2(gi - gj.x) : 0.0f, j + 1 <= i ? fast_exp2(gi - gj.y) : 0.0f);
+}
+
 // The wgmma descriptor of 16 columns (kk-th step of 16) of a staged K or Q tile: 128-byte-swizzled
 // blocks of 64 columns x 64 rows (from `tile`, which may start at a row that is a multiple of 8).
 __device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile, int kk) {
@@ -231,10 +237,9 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = i0 + 8 * hh;
-      const float d0 = j <= i ? fast_exp2(gi[hh] - gj.x) : 0.0f;
-      const float d1 = j + 1 <= i ? fast_exp2(gi[hh] - gj.y) : 0.0f;
+      const float2 d = decay_pair(gi[hh], gj, i, j);
       *reinterpret_cast<float2*>(At + i * LDA + j) =
-          make_float2(b[hh] * kkt[4 * n + 2 * hh] * d0, b[hh] * kkt[4 * n + 2 * hh + 1] * d1);
+          make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
     }
   }
   named_sync(F::kBarAux, 128);
@@ -491,10 +496,9 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int i = i0 + 8 * hh;
-      const float d0 = j <= i ? fast_exp2(gi[hh] - gj.x) : 0.0f;
-      const float d1 = j + 1 <= i ? fast_exp2(gi[hh] - gj.y) : 0.0f;
+      const float2 d = decay_pair(gi[hh], gj, i, j);
       *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
-          pack2<T>(scale * acc[4 * n + 2 * hh] * d0, scale * acc[4 * n + 2 * hh + 1] * d1);
+          pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
     }
   }
 }
