@@ -364,9 +364,8 @@ __device__ __forceinline__ std::int64_t lane_state_offset(const ChunkedParams& p
   return (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv +
          (p.state_vk ? static_cast<std::int64_t>(col) * DK + 2 * t : static_cast<std::int64_t>(2 * t) * p.dv + col);
 }
-// Opaque copies of the offsets: the final-state store recomputes them rather than keeping them
-// live (in registers) across the whole walk.
-// The state from src (null: zero).
+// The state from src (null: zero), and into p.final_state. Opaque copies of the offsets: the
+// final-state store recomputes them rather than keeping them live (in registers) across the walk.
 template <int DK>
 __device__ __forceinline__ void load_state_tiles(float (&st)[DK / 8][4], const ChunkedParams& p, const float* src,
                                                  std::int64_t off) {
