@@ -61,22 +61,18 @@ GDNKIT_GMMA_OP(128)
 // Both operands from shared memory, both K-major (the fused kernel's K K^T and Q K^T).
 template <typename T, int N>
 struct OpSS;
-template <>
-struct OpSS<__nv_bfloat16, 64> {
-  using type = G::MMA_64x64x16_F32BF16BF16_SS<G::Major::K, G::Major::K>;
-};
-template <>
-struct OpSS<__half, 64> {
-  using type = G::MMA_64x64x16_F32F16F16_SS<G::Major::K, G::Major::K>;
-};
-template <>
-struct OpSS<__nv_bfloat16, 32> {
-  using type = G::MMA_64x32x16_F32BF16BF16_SS<G::Major::K, G::Major::K>;
-};
-template <>
-struct OpSS<__half, 32> {
-  using type = G::MMA_64x32x16_F32F16F16_SS<G::Major::K, G::Major::K>;
-};
+#define GDNKIT_GMMA_OP_SS(N)                                                          \
+  template <>                                                                        \
+  struct OpSS<__nv_bfloat16, N> {                                                    \
+    using type = G::MMA_64x##N##x16_F32BF16BF16_SS<G::Major::K, G::Major::K>;       \
+  };                                                                                 \
+  template <>                                                                        \
+  struct OpSS<__half, N> {                                                           \
+    using type = G::MMA_64x##N##x16_F32F16F16_SS<G::Major::K, G::Major::K>;         \
+  };
+GDNKIT_GMMA_OP_SS(32)
+GDNKIT_GMMA_OP_SS(64)
+#undef GDNKIT_GMMA_OP_SS
 
 template <class O, std::size_t... I>
 __device__ __forceinline__ void fma_ss(std::uint64_t desc_a, std::uint64_t desc_b, float (&d)[sizeof...(I)],
