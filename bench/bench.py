@@ -223,6 +223,10 @@ def main():
         if row["name"] in cpp:
             rec["gdnkit_cpp_ms"] = cpp[row["name"]]["device_ms"]
             rec["gdnkit_cpp_host_us"] = cpp[row["name"]]["host_us"]
+            rec["gdnkit_cpp_kernel"] = cpp[row["name"]]["kernel"]
+            if "unsplit_ms" in cpp[row["name"]]:  # the planner split the sequences: the same unsplit
+                rec["gdnkit_cpp_unsplit_ms"] = cpp[row["name"]]["unsplit_ms"]
+                rec["gdnkit_cpp_unsplit_kernel"] = cpp[row["name"]]["unsplit_kernel"]
         results.append(rec)
         del sets, x
         torch.cuda.empty_cache()
@@ -265,6 +269,13 @@ def main():
             print(f"; FLA kernels / gdnkit: {gf:.2f}x (cula-28); rows where gdnkit device > FLA kernels:"
                   f" {slower or 'none'}; rows where gdnkit eager > FLA eager: {eager_slower or 'none'}", end="")
         print()
+    split = [r for r in results if "gdnkit_cpp_unsplit_ms" in r]
+    if split:
+        print("rows the planner splits (C++ driver, device ms: split / unsplit): " +
+              "; ".join(f'{r["name"]} {r["gdnkit_cpp_ms"]:.3f} / {r["gdnkit_cpp_unsplit_ms"]:.3f} '
+                        f'({r["gdnkit_cpp_kernel"]})' for r in split))
+        worse = [r["name"] for r in split if r["gdnkit_cpp_ms"] > r["gdnkit_cpp_unsplit_ms"]]
+        print(f"rows where the split is slower than unsplit: {worse or 'none'}")
     print(f"python host time of one call on {smallest['name']}: {py_host_us:.1f} us")
     print(f"wrote {out}")
     if args.plot:

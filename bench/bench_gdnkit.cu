@@ -100,7 +100,7 @@ struct InputSet {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string rows_path = "bench/rows.json", only, kernels;
+  std::string rows_path = "bench/rows.json", only, kernels, segments;
   bool json = false;
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
@@ -109,11 +109,13 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--kernels" && i + 1 < argc) kernels = argv[++i];
+    else if (a == "--segments" && i + 1 < argc) segments = argv[++i];
     else if (a == "--json") json = true;
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--json]\n"
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--json]\n"
                            "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
-                           "             planner's choice, side by side; rows a kernel cannot run are skipped\n");
+                           "             planner's choice, side by side; rows a kernel cannot run are skipped\n"
+                           "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n");
       return 2;
     }
   }
@@ -138,8 +140,31 @@ int main(int argc, char** argv) {
     const int H = std::max(row.hq, row.hv);
     const long long T = p.total_tokens;
     // The planner's choice, or each kernel of --kernels that accepts the row.
+    // Where the planner splits the sequences (context parallelism), the same row unsplit too: the
+    // split must never be the slower one.
     std::vector<gdnkit::Plan> plans;
-    if (kernels.empty()) plans.push_back(gdnkit::Plan::create(p));
+    for (std::size_t b = 0; b < segments.size();) {
+      std::size_t e = segments.find(',', b);
+      if (e == std::string::npos) e = segments.size();
+      gdnkit::Options o;
+      o.segments = std::atoi(segments.substr(b, e - b).c_str());
+      b = e + 1;
+      try {
+        plans.push_back(gdnkit::Plan::create(p, o));
+      } catch (const gdnkit::Error& err) {
+        if (!json) std::printf("%-38s skipped segments=%d: %s\n", row.name.c_str(), o.segments, err.what());
+      }
+    }
+    if (kernels.empty() && segments.empty()) {
+      plans.push_back(gdnkit::Plan::create(p));
+      if (std::string(plans[0].kernel_name()).find("-cp") != std::string::npos) {
+        gdnkit::Options o;
+        o.segments = 1;
+        plans.push_back(gdnkit::Plan::create(p, o));
+      }
+    }
+    const bool with_unsplit = kernels.empty() && segments.empty() && plans.size() == 2;
+    std::vector<double> row_ms, row_host_us;
     for (std::size_t b = 0; b < kernels.size();) {
       std::size_t e = kernels.find(',', b);
       if (e == std::string::npos) e = kernels.size();
@@ -202,10 +227,17 @@ int main(int argc, char** argv) {
         dev.push_back(ms / per_rep);
       }
       const double device_ms = median(dev), host_us = median(host);
-      if (json)
+      row_ms.push_back(device_ms);
+      row_host_us.push_back(host_us);
+      if (json && with_unsplit && row_ms.size() == 2)
+        std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\", "
+                    "\"unsplit_ms\": %.5f, \"unsplit_kernel\": \"%s\"}\n",
+                    row.name.c_str(), T, row_ms[0], row_host_us[0], plans[0].kernel_name(), device_ms,
+                    plan.kernel_name());
+      else if (json && !(with_unsplit && row_ms.size() == 1))
         std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\"}\n",
                     row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
-      else
+      else if (!json)
         std::printf("%-38s %8lld %10.4f %10.2f %s\n", row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
       std::fflush(stdout);
       cudaFree(ws), cudaEventDestroy(e0), cudaEventDestroy(e1);

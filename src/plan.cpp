@@ -174,6 +174,9 @@ Plan Plan::create(const Problem& problem, const Options& options) {
     if (options.kernel != nullptr && std::string(options.kernel) != "cpu-chunked-fp32")
       fail(Error::Kind::invalid_value, "options.kernel", "cpu-chunked-fp32 (the CPU backend's only kernel) or none",
            options.kernel);
+    if (options.segments < 0 || options.segments >= 2)
+      fail(Error::Kind::unsupported, "options.segments", "0 or 1 for the CPU backend (it does not split sequences)",
+           std::to_string(options.segments));
     impl->backend = Backend::cpu;
     impl->cpu = cpu::plan(problem, impl->shape, options);
     impl->workspace = cpu::workspace_bytes(impl->shape, impl->cpu);
@@ -207,7 +210,7 @@ Plan::~Plan() { delete impl_; }
 const Problem& Plan::problem() const noexcept { return impl_->problem; }
 Backend Plan::backend() const noexcept { return impl_->backend; }
 const char* Plan::kernel_name() const noexcept {
-  return impl_->backend == Backend::cpu ? "cpu-chunked-fp32" : impl_->cuda.kernel;
+  return impl_->backend == Backend::cpu ? "cpu-chunked-fp32" : (impl_->cuda.name.empty() ? impl_->cuda.kernel : impl_->cuda.name.c_str());
 }
 std::size_t Plan::workspace_bytes() const noexcept { return impl_->workspace; }
 int Plan::num_output_heads() const noexcept { return impl_->shape.H; }

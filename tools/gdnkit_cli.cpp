@@ -33,6 +33,7 @@ struct Args {
   int hq = 16, hk = 16, hv = 32, dk = 128, dv = 128;
   std::string backend = "auto";
   std::string kernel;  // empty: the planner's choice
+  int segments = 0;    // Options::segments
   std::string dtype = "bf16";
   std::string gate = "log";
   std::string layout = "kv";
@@ -56,6 +57,7 @@ struct Args {
                "  --layout kv|vk       state layout (default kv)\n"
                "  --backend auto|cpu|cuda\n"
                "  --kernel NAME        run exactly this CUDA kernel (as the plan names it)\n"
+               "  --segments K         CUDA: split each sequence into K segments (1: never; default: planner)\n"
                "  --seed N             input seed (default 1)\n"
                "  --check N            (sequence, head) pairs checked against fp64 (default 6)\n"
                "  --repeat N           timed runs, median reported (default 3 CPU, 50 GPU)\n"
@@ -96,6 +98,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--layout") a.layout = next();
     else if (f == "--backend") a.backend = next();
     else if (f == "--kernel") a.kernel = next();
+    else if (f == "--segments") a.segments = std::atoi(next());
     else if (f == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
     else if (f == "--check") a.check_pairs = std::atoi(next());
     else if (f == "--repeat") a.repeat = std::atoi(next());
@@ -204,6 +207,7 @@ Timing run_cpu(Workload& w, const Args& a) {
   gdnkit::Options opt;
   opt.backend = gdnkit::Backend::cpu;
   opt.cpu_threads = a.threads;
+  opt.segments = a.segments;  // a split request is refused here, not dropped
   const gdnkit::Plan plan = gdnkit::Plan::create(w.problem, opt);
   std::vector<unsigned char> ws(plan.workspace_bytes());
   const int repeat = a.repeat > 0 ? a.repeat : 3;
@@ -237,6 +241,7 @@ Timing run_cuda(Workload& w, const Args& a) {
   gdnkit::Options opt;
   opt.backend = gdnkit::Backend::cuda;
   if (!a.kernel.empty()) opt.kernel = a.kernel.c_str();
+  opt.segments = a.segments;
   const gdnkit::Plan plan = gdnkit::Plan::create(p, opt);
   auto upload = [](const auto& v) {
     void* d = nullptr;
@@ -351,8 +356,9 @@ int main(int argc, char** argv) {
       try {
         timing = run_cuda(w, a);
       } catch (const gdnkit::Error& e) {
-        // A required kernel is never replaced by another backend.
-        if (a.backend == "cuda" || !a.kernel.empty() || e.kind() != gdnkit::Error::Kind::unsupported) throw;
+        // A required kernel or split is never replaced by another backend.
+        if (a.backend == "cuda" || !a.kernel.empty() || a.segments >= 2 || e.kind() != gdnkit::Error::Kind::unsupported)
+          throw;
         note = std::string("CUDA backend declined (") + e.what() + "), ran on the CPU";
         timing = run_cpu(w, a);
       }

@@ -96,6 +96,14 @@ struct Options {
   // for the problem's dtype and dk is invalid_value; one the device cannot run is unsupported.
   // Never a silent fallback.
   const char* kernel = nullptr;
+  // CUDA backend, context parallelism (splitting each sequence into segments walked in parallel,
+  // exact: docs/math.md "Splitting a sequence"). 0: the planner splits where its cost model says
+  // it pays (sm_90a with the fused kernel; sequence lengths known from the metadata: one
+  // sequence, or equal ones without cu_seqlens; with fewer walks than SMs). 1: never split.
+  // k >= 2: split every sequence into k segments of whole chunks (fewer where it is short); an
+  // error where it cannot (unsupported on the device or with unequal lengths). Not combined with
+  // `kernel`.
+  int segments = 0;
 };
 
 // Data pointers for one run. Shapes follow Problem:

@@ -56,6 +56,7 @@ def chunk_gated_delta_rule(
     state_layout="kv",
     validate=False,
     kernel=None,
+    segments=None,
 ):
     """The GDN prefill (chunked forward of the gated delta rule), like FLA's function of this name.
 
@@ -84,6 +85,9 @@ def chunk_gated_delta_rule(
             and the ``gdnkit`` CLI report it (e.g. ``"cuda-split-wgmma-bf16-k128-w8"``) requires
             that kernel: an unknown name raises ValueError, one the device cannot run
             RuntimeError. Never a silent fallback.
+        segments: CUDA, context parallelism (C++ ``Options::segments``): None or 0 lets the planner
+            split long sequences where it pays, 1 never splits, k >= 2 requires k segments per
+            sequence (RuntimeError where the split cannot run, e.g. unequal lengths).
 
     CUDA tensors run on the current stream of q's framework (``torch.cuda.current_stream``, CuPy's
     current stream), on q's device; outputs and scratch come from that framework's allocator on
@@ -103,4 +107,4 @@ def chunk_gated_delta_rule(
     """
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                    gate, state_layout, validate, stream, kernel)
+                    gate, state_layout, validate, stream, kernel, segments)

@@ -12,6 +12,7 @@
 
 #include "cuda/backend.h"
 #include "cuda/chunked.h"
+#include "cuda/cp.h"
 
 namespace gdnkit::cuda {
 
@@ -260,6 +261,107 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
   return split;
 }
 
+// ---- context parallelism (cp.h) -----------------------------------------------------------------
+//
+// Cost model, in microseconds of device time, fitted to H200 sweeps of options.segments on the
+// single-sequence rows (docs/perf-notes.md, "Context parallelism"): a fused walk-list CTA takes
+// about 5.4 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one,
+// plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves.
+// A scan step (one segment, launch gaps included) about 4.5 us, the four launches about 8 us. The
+// unsplit split-path walk takes 3.0 / 3.2 / 4.0 / 5.0 us per chunk with 1 / 2 / 4 / 8 warps per
+// CTA. The planner splits only where the estimate is under 85% of the unsplit one.
+constexpr double kStepFused128 = 5.4, kStepFused64 = 4.8, kScanStep = 4.5, kCpLaunches = 8.0;
+
+double split_step(int warps) { return warps <= 1 ? 3.0 : warps == 2 ? 3.2 : warps == 4 ? 4.0 : 5.0; }
+double fused_step(int dvb) { return dvb == 128 ? kStepFused128 : kStepFused64; }
+std::int64_t waves(std::int64_t ctas, int sms) { return (ctas + sms - 1) / sms; }
+
+// Estimated device time of the unsplit kernel k on the problem.
+double unsplit_cost(const SplitKernel& k, const detail::Shape& s, int sms) {
+  const std::int64_t n = std::max<std::int64_t>(s.N, 1), chunks = (s.T / n + kChunk - 1) / kChunk;
+  const int cols = 16 * k.warps;
+  return static_cast<double>(chunks) * (k.fused ? fused_step(cols) : split_step(k.warps)) *
+         static_cast<double>(waves((s.dv / cols) * s.H * n, sms));
+}
+
+struct CpChoice {
+  int nseg = 0, seg_tokens = 0, dvb1 = 0, dvb3 = 0;
+  double cost = 0.0;
+};
+
+// The cheapest split of the problem's sequences (equal lengths) into nseg segments, nseg in
+// [lo, hi], over the value-block widths of both stages; nseg = 0 when none is possible.
+CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi) {
+  CpChoice best;
+  const std::int64_t n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = (len + kChunk - 1) / kChunk;
+  for (std::int64_t want = lo; want <= std::min<std::int64_t>(hi, chunks); ++want) {
+    const std::int64_t seg_chunks = (chunks + want - 1) / want, nseg = (chunks + seg_chunks - 1) / seg_chunks;
+    if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give
+    for (int dvb1 : {128, 64}) {
+      if (s.dk % dvb1 != 0 || s.dv % dvb1 != 0) continue;
+      for (int dvb3 : {128, 64}) {
+        if (s.dv % dvb3 != 0) continue;
+        const std::int64_t c1 = s.H * n * ((nseg - 1) * (s.dv / dvb1) + (nseg - 2) * (s.dk / dvb1));
+        const std::int64_t c3 = s.H * n * (nseg - 1) * (s.dv / dvb3);
+        const double cost = static_cast<double>(seg_chunks + 1) * (fused_step(dvb1) * static_cast<double>(waves(c1, sms)) +
+                                                               fused_step(dvb3) * static_cast<double>(waves(c3, sms))) +
+                            kScanStep * static_cast<double>(nseg - 2) + kCpLaunches;
+        if (best.nseg == 0 || cost < best.cost)
+          best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunk), dvb1, dvb3, cost};
+      }
+    }
+  }
+  return best;
+}
+
+// Fills c's split fields (and its kernel name and workspace) when the problem is split: by
+// request (options.segments >= 2; an error where it cannot be) or where the cost model puts the
+// split below 85% of the unsplit kernel's time (options.segments == 0).
+void plan_split(const Problem& problem, const detail::Shape& s, const Options& options, Config& c, int smem_optin) {
+  const int want = options.segments;
+  if (want < 0) fail(K::invalid_value, "options.segments", "0 (the planner decides), 1 (never split) or k >= 2", str(want));
+  if (want == 1 || (want == 0 && options.kernel != nullptr)) return;
+  const bool forced = want >= 2;
+  if (forced && options.kernel != nullptr)
+    fail(K::invalid_value, "options.segments", "0 or 1 together with options.kernel (a split runs its own kernels)",
+         str(want));
+  const std::int64_t n = std::max<std::int64_t>(s.N, 1);
+  if (problem.has_cu_seqlens && s.N > 1) {
+    if (forced)
+      fail(K::unsupported, "options.segments",
+           "one sequence, or equal ones without cu_seqlens (the split is planned from lengths the metadata gives)",
+           str(s.N) + " sequences with cu_seqlens");
+    return;
+  }
+  auto unsupported = [&](const std::string& why) {
+    if (forced) fail(K::unsupported, "options.segments", "a problem the split runs on (" + why + ")", str(want));
+  };
+  if (s.T == 0 || s.T > INT32_MAX / 2 || n > 65535) return unsupported("1 to 2^30 tokens, at most 65535 sequences");
+  if (s.dv % 64 != 0 || s.dk % 64 != 0) return unsupported("dk and dv multiples of 64");
+  if (!forced && (s.dv != 128 || c.split == nullptr)) return;
+  const std::int64_t chunks = (s.T / n + kChunk - 1) / kChunk;
+  const int kseg = static_cast<int>(std::min<std::int64_t>(want, chunks));  // forced: fewer where short
+  const CpChoice best = best_split(s, c.sm_count, forced ? kseg : 3, forced ? kseg : 64);
+  if (best.nseg < 2) return;  // too short to split (forced: "fewer where it is short")
+  const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb1, true);
+  const SplitKernel* k3 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb3, true);
+  for (const SplitKernel* k : {k1, k3})
+    if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin))
+      return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
+  if (!forced && !(best.cost < 0.85 * unsplit_cost(*c.split, s, c.sm_count))) return;
+  prepare_kernel(c.device, *k1);
+  prepare_kernel(c.device, *k3);
+  c.cp_segments = best.nseg;
+  c.cp_seg_tokens = best.seg_tokens;
+  c.cp_stage1 = k1;
+  c.cp_stage3 = k3;
+  const CpLayout layout{n, s.T / n, best.seg_tokens, best.nseg};
+  c.workspace = cp_workspace(layout, static_cast<int>(s.H), s.dk, s.dv).bytes;
+  c.name = std::string(k3->name);
+  c.name = c.name.substr(0, c.name.size() - std::string("-walks").size()) + "-cp" + str(best.nseg);
+  if (best.dvb1 != best.dvb3) c.name += "-maps-v" + str(best.dvb1);
+}
+
 }  // namespace
 
 Config plan(const Problem& problem, const detail::Shape& s, const Options& options) {
@@ -288,6 +390,9 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
     fail(K::unsupported, "device", "compute capability 8.0 or newer for the CUDA backend",
          str(c.cc_major) + "." + str(c.cc_minor));
 
+  if (options.segments < 0)
+    fail(K::invalid_value, "options.segments", "0 (the planner decides), 1 (never split) or k >= 2",
+         str(options.segments));
   const SplitKernel* split = options.kernel != nullptr
                                  ? required_kernel(options.kernel, problem, s, c, smem_optin)
                                  : choose_kernel(problem, s, c, smem_optin);
@@ -329,6 +434,7 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
   c.workspace = split->fused ? 0 : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
+  plan_split(problem, s, options, c, smem_optin);
   return c;
 }
 
@@ -353,9 +459,21 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   p.ws = static_cast<unsigned char*>(workspace);
   p.longest_first = c.longest_first;
 
+  if (c.workspace > 0) check_aligned("workspace", workspace);
+  if (c.cp_segments >= 2) {
+    const std::int64_t n = std::max<std::int64_t>(s.N, 1);
+    const CpLayout layout{n, s.T / n, c.cp_seg_tokens, c.cp_segments};
+    const cudaError_t err = launch_cp(p, layout, *c.cp_stage1, *c.cp_stage3, static_cast<unsigned char*>(workspace),
+                                      reinterpret_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(K::cuda, "launch",
+                  "launch: " + c.name + " failed: CUDA error " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+    }
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(s.dv / (16 * c.warps)), static_cast<unsigned>(s.H),
                   static_cast<unsigned>(c.walk_z));
-  if (c.workspace > 0) check_aligned("workspace", workspace);
   // No chunks, no prep (the walk still writes the final state).
   const dim3 prep_grid(s.T > 0 ? static_cast<unsigned>(c.slots) : 0u, static_cast<unsigned>(s.H));
   const cudaError_t err = c.split->launch(p, prep_grid, grid, reinterpret_cast<cudaStream_t>(stream));

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "common/shape.h"
 
@@ -25,6 +26,13 @@ struct Config {
   bool longest_first = false;              // walk CTAs take sequences longest first (ChunkedParams)
   std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
+  // Context parallelism (cp.h): segments per sequence (0: no split), tokens per segment, and the
+  // walk-list kernels of stage 1 (with the transfer maps) and stage 3. kernel names the split.
+  int cp_segments = 0;
+  int cp_seg_tokens = 0;
+  const SplitKernel* cp_stage1 = nullptr;
+  const SplitKernel* cp_stage3 = nullptr;
+  std::string name;                        // kernel's storage when it is composed (the split)
 };
 
 // True when a usable CUDA device is present (no exception).

@@ -21,14 +21,21 @@ constexpr int kLongestFirstMaxSeqs = 64;
 constexpr std::size_t kWalkOrderBytes = 2 * 4 * kLongestFirstMaxSeqs;
 
 // One walk of the fused kernel's optional walk list (ChunkedParams::walks): tokens [begin, end) of
-// sequence seq, begin at a chunk border of the sequence (its start + a multiple of 64), from the
-// start state walk_states[state_in] (state_in >= 0) or else the sequence's initial state (zero
-// without one); the walk writes the sequence's final state only if `last` is set. Splitting a
-// sequence into walks at chunk borders gives the same output as walking it whole, given the
-// state at each border.
+// sequence seq, begin at a chunk border of the sequence (its start + a multiple of 64). Splitting a
+// sequence into walks at chunk borders gives the same output as walking it whole, given the state
+// at each border.
+//   state_in   >= 0: start from walk_states[state_in]; -1: the sequence's initial state (zero
+//              without one); -2: zero.
+//   last       the walk writes the sequence's final state (want_final_state).
+//   state_out  >= 0: the walk also writes its end state to walk_out[state_out].
+//   map        context parallelism (cp.cuh): >= 0: the map CTAs (blockIdx.x >= value_blocks) walk
+//              the identity through these tokens with V = 0 and write the transfer map M to
+//              map_out[map]; -1: they skip the walk.
+//   out        the walk writes its rows of o.
 struct WalkSpan {
-  std::int32_t seq = 0, begin = 0, end = 0, state_in = -1, last = 1;
+  std::int32_t seq = 0, begin = 0, end = 0, state_in = -1, last = 1, state_out = -1, map = -1, out = 1;
 };
+constexpr std::int32_t kStateZero = -2;  // WalkSpan::state_in: start from zero
 
 // Everything the kernel reads, resolved on the host. Strides are in elements. Pointers are the
 // caller's; the kernel never writes through an input pointer.
@@ -80,6 +87,13 @@ struct ChunkedParams {
   const WalkSpan* walks = nullptr;
   std::int64_t num_walks = 0;
   const float* walk_states = nullptr;
+  // With a walk list, end states named by WalkSpan::state_out ([index, H, dk, dv], state layout),
+  // and the transfer maps of WalkSpan::map ([index, H, dk, dk], column-major: M[i][c] at c dk + i).
+  // map_out set: CTAs with blockIdx.x >= value_blocks are map CTAs, covering dk / DVB column
+  // blocks of M (grid.x = value_blocks + dk / DVB).
+  float* walk_out = nullptr;
+  float* map_out = nullptr;
+  int value_blocks = 0;
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;
@@ -192,6 +206,18 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a 
 // its dynamic shared memory on the device (walk_smem; backend.cu's prepare_kernel, once per
 // device, for the planner's kernels).
 const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks = false);
+
+// The fused kernels' three TMA descriptors (K, Q, V) of one call, opaque: encoded once by
+// encode_fused_maps and shared by launch_fused_encoded calls over the same tensors with different
+// walk lists (context parallelism's two stages; encoding costs about a microsecond each).
+struct alignas(128) FusedMaps {
+  unsigned char bytes[3 * 128];
+};
+// False when the driver rejects a layout or no fused kernel was built.
+bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps);
+// Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps.
+cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
+                                 cudaStream_t stream);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

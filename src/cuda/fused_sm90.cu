@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/chunked.h"
 #if GDNKIT_HAS_CUTLASS
@@ -100,11 +101,45 @@ const SplitKernel kWalkKernels[] = {
 
 }  // namespace
 
+static_assert(sizeof(FusedMaps) == 3 * sizeof(CUtensorMap) && alignof(FusedMaps) >= alignof(CUtensorMap),
+              "FusedMaps holds the three descriptors of FusedParams");
+
+bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps) {
+  FusedParams fp;
+  const bool ok = dtype == DType::bf16 ? (dk == 128 ? make_fused_params<__nv_bfloat16, 128>(p, &fp)
+                                                    : make_fused_params<__nv_bfloat16, 64>(p, &fp))
+                                       : (dk == 128 ? make_fused_params<__half, 128>(p, &fp)
+                                                    : make_fused_params<__half, 64>(p, &fp));
+  if (!ok || (dtype != DType::bf16 && dtype != DType::f16) || (dk != 64 && dk != 128)) return false;
+  std::memcpy(maps->bytes, &fp.k, sizeof(CUtensorMap));
+  std::memcpy(maps->bytes + sizeof(CUtensorMap), &fp.q, sizeof(CUtensorMap));
+  std::memcpy(maps->bytes + 2 * sizeof(CUtensorMap), &fp.v, sizeof(CUtensorMap));
+  return true;
+}
+
+cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
+                                 cudaStream_t stream) {
+  if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
+  if (p.tokens > INT32_MAX || p.num_seqs > INT32_MAX || p.num_walks > INT32_MAX) return cudaErrorInvalidValue;
+  if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
+  FusedParams fp;
+  fp.p = p;
+  std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));
+  std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
+  std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+  void* args[] = {&fp};
+  return cudaLaunchKernel(k.walk_func, grid, dim3(k.threads), args, k.walk_smem, stream);
+}
+
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }
 SplitKernelList fused_walks_kernels() {
   return {kWalkKernels, static_cast<int>(sizeof kWalkKernels / sizeof kWalkKernels[0])};
 }
 #else
+bool encode_fused_maps(const ChunkedParams&, DType, int, FusedMaps*) { return false; }
+cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t) {
+  return cudaErrorInvalidValue;
+}
 SplitKernelList fused_kernels() { return {nullptr, 0}; }
 SplitKernelList fused_walks_kernels() { return {nullptr, 0}; }
 #endif

@@ -309,11 +309,15 @@ template <bool kWalks>
 __device__ __forceinline__ std::int64_t walk_count(const ChunkedParams& p) {
   return kWalks ? p.num_walks : p.num_seqs;
 }
+// A map CTA (walk list with transfer maps): it walks columns of the identity with V = 0.
+__device__ __forceinline__ bool map_cta(const ChunkedParams& p) {
+  return p.map_out != nullptr && static_cast<int>(blockIdx.x) >= p.value_blocks;
+}
 template <bool kWalks>
 __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* order, int i, int& bos, int& eos) {
   if constexpr (kWalks) {
     bos = p.walks[i].begin;
-    eos = p.walks[i].end;
+    eos = map_cta(p) && p.walks[i].map < 0 ? bos : p.walks[i].end;  // map CTAs skip walks without a map
   } else {
     const std::int64_t n = p.longest_first ? order[i] : i;
     bos = static_cast<int>(seq_begin(p, n));
@@ -373,6 +377,12 @@ struct FusedCopier {
   __device__ void v(int c0, int s) const {
     unsigned char* const d = reinterpret_cast<unsigned char*>(F::v(smem, s));
     std::uint64_t* const bar = F::v_bar(smem, s);
+    if constexpr (F::kWalks) {
+      if (map_cta(fp.p)) {  // V = 0 (zeroed once by the state warpgroups): only the arrival
+        mbar_expect_tx(bar, 0u);
+        return;
+      }
+    }
     mbar_expect_tx(bar, static_cast<std::uint32_t>(F::v_bytes));
     for (int b = 0; b < F::DVB / 64; ++b)
       tma_load_3d(d + b * (kChunk * 128), &fp.v, bar, blockIdx.x * F::DVB + 64 * b, c0, blockIdx.y / fp.p.v_group);
@@ -516,9 +526,16 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   constexpr int C = kChunk;
   const int warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.y;
-  const int v0 = blockIdx.x * F::DVB;
+  // A map CTA's columns are columns of M (dk x dk), the others value columns.
+  const bool is_map = F::kWalks && map_cta(p);
+  const int v0 = (is_map ? static_cast<int>(blockIdx.x) - p.value_blocks : static_cast<int>(blockIdx.x)) * F::DVB;
   const WalkLane l = walk_lane(warp, lane);
   T* const oh = static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw;
+  if (is_map) {  // V = 0 in both stages, for good (no copies land there); ordered by FULL
+    for (int idx = tid; idx < int(2 * F::v_bytes / 16); idx += 128 * F::kStateWarpgroups)
+      reinterpret_cast<uint4*>(F::v(smem, idx / int(F::v_bytes / 16)))[idx % int(F::v_bytes / 16)] =
+          make_uint4(0u, 0u, 0u, 0u);
+  }
 
   float st[DK / 8][4];
   int j = 0;
@@ -531,17 +548,25 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     // The walk: a sequence, or an entry of the walk list (its own start state, perhaps no final one).
     std::int64_t bos, eos, start_index = walk_seq(i);
     const float* start = p.has_initial_state ? p.initial_state : nullptr;
+    bool write_o = true;
     if constexpr (F::kWalks) {
       const WalkSpan w = p.walks[i];
+      if (is_map && w.map < 0) continue;  // as the aux (walk_range)
       bos = w.begin, eos = w.end;
       if (w.state_in >= 0) start = p.walk_states, start_index = w.state_in;
+      else if (w.state_in == kStateZero) start = nullptr;
+      write_o = w.out != 0 && !is_map;
     } else {
       bos = seq_begin(p, start_index), eos = seq_begin(p, start_index + 1);
     }
-    load_state_tiles<DK>(st, p, start, lane_state_offset<DK>(p, start_index, h, v0 + l.cw + l.g, l.t));
-    bool zero_state = start == nullptr;  // then the first chunk skips K S and Q S
+    if (is_map)
+      identity_state_tiles<DK>(st, v0 + l.cw + l.g, l.t);
+    else
+      load_state_tiles<DK>(st, p, start, lane_state_offset<DK>(p, start_index, h, v0 + l.cw + l.g, l.t));
+    bool zero_state = !is_map && start == nullptr;  // then the first chunk skips K S and Q S
     for (std::int64_t c0 = bos; c0 < eos; c0 += C, ++j) {
       const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
+      const int orows = write_o ? nrows : 0;  // rows of O stored
       FusedProbe probe;
 #ifdef GDNKIT_FUSED_PROBE
       probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
@@ -581,18 +606,29 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       else
 #endif
       switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<W, 4>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
-        case 3: walk_chunk<W, 3>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
-        case 2: walk_chunk<W, 2>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
-        default: walk_chunk<W, 1>(st, S, l, zero_state, nrows, p.scale, orow0, p.o_token); break;
+        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
       }
       named_arrive(F::kBarEmpty + j % 2, F::kThreads);
       probe.mark();
       probe.print("state: full-wait walk");
       zero_state = false;
     }
-    if (p.want_final_state && (!F::kWalks || p.walks[i].last))
+    if constexpr (F::kWalks) {
+      const WalkSpan w = p.walks[i];
+      const int col = v0 + l.cw + l.g;
+      if (is_map) {
+        store_tiles<DK>(st, p.map_out, (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK + col * DK + 2 * l.t,
+                        DK, 1);
+        continue;
+      }
+      if (w.state_out >= 0) store_state_tiles<DK>(st, p, p.walk_out, lane_state_offset<DK>(p, w.state_out, h, col, l.t));
+      if (p.want_final_state && w.last) store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, w.seq, h, col, l.t));
+    } else if (p.want_final_state) {
       store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, v0 + l.cw + l.g, l.t));
+    }
   }
 }
 

@@ -380,15 +380,35 @@ template <int DK>
 __device__ __forceinline__ void load_state_tiles(float (&st)[DK / 8][4], const ChunkedParams& p, std::int64_t off) {
   load_state_tiles<DK>(st, p, p.has_initial_state ? p.initial_state : nullptr, off);
 }
+// The lane's tiles to dst: element (col, 2t) at off, columns cs apart, keys ds apart.
 template <int DK>
-__device__ __forceinline__ void store_state_tiles(const float (&st)[DK / 8][4], const ChunkedParams& p,
-                                                  std::int64_t off) {
+__device__ __forceinline__ void store_tiles(const float (&st)[DK / 8][4], float* dst, std::int64_t off, int cs,
+                                            int ds) {
   const std::int64_t base = opaque(off);
-  const int cs = opaque(p.state_vk ? DK : 1), ds = opaque(p.state_vk ? 1 : p.dv);
+  cs = opaque(cs), ds = opaque(ds);
 #pragma unroll
   for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p.final_state[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] = st[j][e];
+    for (int e = 0; e < 4; ++e) dst[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] = st[j][e];
+}
+// The lane's tiles into dst, a state tensor of p's layout ([index, H, dk, dv] or [.., dv, dk]).
+template <int DK>
+__device__ __forceinline__ void store_state_tiles(const float (&st)[DK / 8][4], const ChunkedParams& p, float* dst,
+                                                  std::int64_t off) {
+  store_tiles<DK>(st, dst, off, p.state_vk ? DK : 1, p.state_vk ? 1 : p.dv);
+}
+template <int DK>
+__device__ __forceinline__ void store_state_tiles(const float (&st)[DK / 8][4], const ChunkedParams& p,
+                                                  std::int64_t off) {
+  store_state_tiles<DK>(st, p, p.final_state, off);
+}
+// The lane's tiles of the dk x dk identity, the lane's first column being col (a map walk's start).
+template <int DK>
+__device__ __forceinline__ void identity_state_tiles(float (&st)[DK / 8][4], int col, int t) {
+#pragma unroll
+  for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[j][e] = 8 * j + 2 * t + e % 2 == col + 8 * (e / 2) ? 1.0f : 0.0f;
 }
 
 // Dynamic shared memory of a walk CTA: the policy's stages, then the longest-first order.

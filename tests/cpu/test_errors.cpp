@@ -143,6 +143,16 @@ TEST(Errors, RequiredKernel) {
   EXPECT_STREQ(plan.kernel_name(), "cpu-chunked-fp32");
 }
 
+// The CPU backend does not split sequences (options.segments >= 2 is a CUDA request).
+TEST(Errors, SegmentsOnCpu) {
+  gdnkit::Options o;
+  o.segments = 4;
+  expect_error([&] { Plan::create(small_problem(), o); }, U, "options.segments",
+               {"expected 0 or 1 for the CPU backend", "got 4"});
+  o.segments = 1;
+  EXPECT_STREQ(Plan::create(small_problem(), o).kernel_name(), "cpu-chunked-fp32");
+}
+
 TEST(Errors, CpuThreads) {
   gdnkit::Options o;
   o.cpu_threads = -2;

@@ -26,6 +26,7 @@
 #include "cuda/walk_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
 #include "cuda/fused_sm90.cuh"
+#include "cuda/cp.cuh"
 #include "common/test_util.h"
 
 namespace gdnkit::cuda {
@@ -480,6 +481,99 @@ TEST(Emulated, FusedWalkList) {
       emulate_fused<__nv_bfloat16, 128, 128, true>(p, grid);
     else
       emulate_fused<__nv_bfloat16, 128, 64, true>(p, grid);
+    const Errors e = test::compare(c, ref);
+    SCOPED_TRACE(e.str());
+    EXPECT_TRUE(e.issues.empty()) << e.issues;
+    EXPECT_LT(e.o, 2e-2);
+    EXPECT_LT(e.o_worst, 4e-2);
+    EXPECT_LT(e.state, 2e-2);
+    EXPECT_LT(e.state_worst, 4e-2);
+  }
+}
+
+// Context parallelism (cp.cuh): the walk lists, stage 1 with its map CTAs, the scan and stage 3, as
+// cp.cu launches them, against the fp64 oracle; the segment counts cover no scan step (2), one
+// and several, a short last segment and a segment of one chunk.
+template <typename T, int DK>
+void emulate_cp(Case& c, int seg, int dvb1, int dvb3) {
+  const detail::Shape& s = c.shape;
+  const std::int64_t n = c.N(), len = s.T / n;
+  const cuda::CpLayout layout{n, len, seg, static_cast<int>((len + seg - 1) / seg)};
+  ASSERT_GE(layout.nseg, 2);
+  const std::int64_t walks = layout.walks();
+  std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(walks)), list3(list1.size());
+  for (std::int64_t i = 0; i < walks; ++i) cuda::cp_build_walk(layout, i, list1.data(), list3.data());
+  const std::size_t segs = static_cast<std::size_t>(n * layout.nseg * s.H);
+  std::vector<float> E(segs * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> M(segs * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
+  const cuda::ChunkedParams p = cuda::chunked_params(c.problem, s, c.tensors());
+  const unsigned z = static_cast<unsigned>(std::min<std::int64_t>(walks, 3));  // several walks per CTA
+
+  cuda::ChunkedParams p1 = p;
+  p1.walks = list1.data();
+  p1.num_walks = walks;
+  p1.walk_out = E.data();
+  p1.map_out = M.data();
+  p1.value_blocks = s.dv / dvb1;
+  const dim3 g1(static_cast<unsigned>(s.dv / dvb1 + s.dk / dvb1), static_cast<unsigned>(s.H), z);
+  if (dvb1 == 128) emulate_fused<T, DK, 128, true>(p1, g1);
+  else emulate_fused<T, DK, 64, true>(p1, g1);
+
+  alignas(16) static float xs[128 * cuda::kCpScanCols];
+  if (layout.nseg > 2)
+    run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
+             DK, [&] { cuda::cp_scan_cta<DK>(p, layout, E.data(), M.data(), xs, threadIdx.x); });
+
+  cuda::ChunkedParams p3 = p;
+  p3.walks = list3.data();
+  p3.num_walks = walks;
+  p3.walk_states = E.data();
+  const dim3 g3(static_cast<unsigned>(s.dv / dvb3), static_cast<unsigned>(s.H), z);
+  if (dvb3 == 128) emulate_fused<T, DK, 128, true>(p3, g3);
+  else emulate_fused<T, DK, 64, true>(p3, g3);
+}
+
+TEST(Emulated, ContextParallel) {
+  struct Run {
+    std::vector<std::int64_t> lens;
+    bool cu;
+    int dk, seg, dvb1, dvb3;
+    bool init, in_place;
+    StateLayout layout;
+    test::Inputs inputs;
+    bool gate;
+  };
+  // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
+  // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
+  constexpr auto hard = test::Inputs::hard, real = test::Inputs::realistic;
+  const Run runs[] = {
+      {{300}, true, 128, 64, 128, 128, true, false, StateLayout::kv, hard, true},  // 5 segments, the last 44 tokens
+      {{300}, true, 128, 128, 64, 64, false, false, StateLayout::vk, real, false},  // 3 segments
+      {{200, 200}, false, 128, 128, 128, 64, true, true, StateLayout::vk, real, true},  // 2 segments each: no scan
+      {{192, 192}, false, 64, 64, 64, 64, true, false, StateLayout::kv, hard, true},    // 3 whole segments, dk 64
+  };
+  int k = 0;
+  for (const Run& r : runs) {
+    Spec s;
+    s.lens = r.lens;
+    s.cu_seqlens = r.cu;
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = r.dk;
+    s.dv = 128;
+    s.initial_state = r.init;
+    s.in_place = r.in_place;
+    s.final_state = true;
+    s.layout = r.layout;
+    s.inputs = r.inputs;
+    s.has_gate = r.gate;
+    s.seed = 1600 + k++;
+    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1) + "/" +
+                 std::to_string(r.dvb3));
+    Case c = test::random_case(s);
+    const test::Reference ref = test::run_reference(c);
+    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.dvb3);
+    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.dvb3);
     const Errors e = test::compare(c, ref);
     SCOPED_TRACE(e.str());
     EXPECT_TRUE(e.issues.empty()) << e.issues;

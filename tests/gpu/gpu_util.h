@@ -150,7 +150,7 @@ class DeviceWorkspace {
 inline gdnkit::Options suite_options(const gdnkit::Problem& p, gdnkit::Options o = {}) {
   thread_local std::string name;
   const char* env = std::getenv("GDNKIT_TEST_KERNEL");
-  if (o.kernel != nullptr || env == nullptr) return o;
+  if (o.kernel != nullptr || o.segments != 0 || env == nullptr) return o;
   const std::string mode = env;
   if (mode != "fused" && mode != "fused-v64") return o;
   if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16) return o;

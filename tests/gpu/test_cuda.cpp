@@ -866,7 +866,9 @@ TEST_F(Cuda, PlanReportsKernel) {
       p.head_dim_v = e.dv;
       p.num_seqs = e.seqs;
       p.total_tokens = e.tokens;
-      const std::string name = Plan::create(p).kernel_name();
+      gdnkit::Options unsplit;  // the sequence split has its own test (ContextParallelPlanner)
+      unsplit.segments = 1;
+      const std::string name = Plan::create(p, unsplit).kernel_name();
       if (e.kernel != nullptr) EXPECT_EQ(name, e.kernel) << e.heads << " heads, " << e.seqs << " sequences";
       else EXPECT_EQ(name.rfind("cuda-split-", 0), 0u) << name << ": " << e.heads << " heads, " << e.seqs << " sequences";
     }
@@ -987,4 +989,194 @@ TEST_F(Cuda, FusedWalkList) {
           EXPECT_EQ(k->launch(p, dim3(), dim3(1, 1, 1), nullptr), cudaErrorInvalidValue);
         }
       }
+}
+
+// ---- Context parallelism (options.segments; src/cuda/cp.cuh) ----------------------------------------
+
+namespace {
+
+Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, std::uint64_t seed) {
+  Spec s;
+  s.lens = std::move(lens);
+  s.cu_seqlens = cu;
+  s.Hq = s.Hk = 2;
+  s.Hv = 4;
+  s.dk = dk;
+  s.dv = dv;
+  s.qkv = dt;
+  s.seed = seed;
+  return s;
+}
+
+}  // namespace
+
+// Split runs against the oracle and against the same problem unsplit: segment counts from 2 (no
+// scan) to many (a segment of one chunk), short last segments, both dtypes, dk and dv 64 and 128,
+// both state layouts, in-place states, no gate and almost no decay (where the segments' maps carry
+// the answer: realistic gates decay a start state to nothing within a segment), uniform batches.
+TEST_F(Cuda, ContextParallel) {
+  if (!gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true)) GTEST_SKIP() << "built without CUTLASS";
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the split runs on compute capability 9.0 only";
+  struct Run {
+    Spec spec;
+    int segments;
+  };
+  std::vector<Run> runs;
+  {
+    Spec s = cp_spec({4096}, true, 128, 128, DType::bf16, 1700);
+    s.inputs = Inputs::hard;
+    s.initial_state = true;
+    runs.push_back({s, 8});
+    s.seed = 1701;
+    runs.push_back({s, 2});
+    s.seed = 1702;
+    s.has_gate = false;
+    s.layout = StateLayout::vk;
+    s.in_place = true;
+    runs.push_back({s, 5});
+  }
+  {
+    Spec s = cp_spec({1000}, true, 128, 128, DType::f16, 1703);  // segments of 128 + a last one of 104
+    s.inputs = Inputs::hard;
+    s.initial_state = true;
+    runs.push_back({s, 8});
+    s = cp_spec({700, 700, 700}, false, 64, 128, DType::bf16, 1704);
+    s.inputs = Inputs::hard;
+    runs.push_back({s, 4});
+    s = cp_spec({640}, false, 128, 64, DType::bf16, 1705);  // dv 64: 64-column blocks in both stages
+    s.has_gate = false;
+    s.initial_state = true;
+    s.gate_space = GateSpace::linear;
+    runs.push_back({s, 10});  // one chunk per segment
+    s = cp_spec({3000}, true, 128, 128, DType::bf16, 1706);
+    s.Hq = 8, s.Hk = s.Hv = 4;  // GQA
+    s.beta_dtype = DType::bf16;
+    runs.push_back({s, 6});
+    s = cp_spec({130}, true, 128, 128, DType::bf16, 1707);  // 3 chunks: 3 segments, the last of 2 tokens
+    s.inputs = Inputs::hard;
+    s.initial_state = true;
+    runs.push_back({s, 16});
+  }
+  for (const Run& r : runs) {
+    gdnkit::Options split, whole;
+    split.segments = r.segments;
+    whole.segments = 1;
+    std::string ks, kw;
+    const Errors es = check_case(r.spec, "split into " + std::to_string(r.segments), &ks, split);
+    const Errors ew = check_case(r.spec, "the same unsplit", &kw, whole);
+    EXPECT_NE(ks.find("-cp"), std::string::npos) << ks;
+    EXPECT_EQ(kw.find("-cp"), std::string::npos) << kw;
+    // Exact: the split's error is the unsplit kernel's, up to rounding (the scan's fp32 sums, the
+    // 16-bit copies of states that now start from other values).
+    EXPECT_LT(es.o, 1.3 * ew.o + 1e-4) << ks << " vs " << kw;
+    EXPECT_LT(es.state, 1.3 * ew.state + 1e-4) << ks << " vs " << kw;
+  }
+}
+
+// A split plan on two streams at once (each with its own workspace), and captured in a graph.
+TEST_F(Cuda, ContextParallelStreamsAndGraph) {
+  if (!gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true)) GTEST_SKIP() << "built without CUTLASS";
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the split runs on compute capability 9.0 only";
+  Spec sa = cp_spec({3000}, true, 128, 128, DType::bf16, 1710), sb = cp_spec({2000}, true, 128, 128, DType::bf16, 1711);
+  sa.inputs = sb.inputs = Inputs::hard;
+  sa.initial_state = sb.initial_state = true;
+  Case a = test::random_case(sa), b = test::random_case(sb);
+  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+  DeviceCase da(a), db(b);
+  gdnkit::Options o;
+  o.segments = 6;
+  const Plan pa = Plan::create(da.problem(), o), pb = Plan::create(db.problem(), o);
+  EXPECT_NE(std::string(pa.kernel_name()).find("-cp"), std::string::npos) << pa.kernel_name();
+  const test::DeviceWorkspace wa(pa), wb(pb);
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (int rep = 0; rep < 4; ++rep) {
+    pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
+    pb.run(db.tensors(), wb.ptr(), wb.bytes(), s2);
+  }
+  GDN_CUDA(cudaStreamSynchronize(s1));
+  GDN_CUDA(cudaStreamSynchronize(s2));
+  da.download(s1);
+  db.download(s2);
+  const Errors ea = test::compare(a, ra), eb = test::compare(b, rb);
+  expect_within(sa, ea);
+  expect_within(sb, eb);
+  report("split, two streams: A", sa, ea, pa.kernel_name());
+  report("split, two streams: B", sb, eb, pb.kernel_name());
+
+  // Graph: captured once, replayed on new inputs in the same buffers.
+  a.spec.seed = 1712;
+  test::fill_inputs(a);
+  a.poison_outputs();
+  const test::Reference r2 = test::run_reference(a);
+  da.upload(s1);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GDN_CUDA(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+  pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
+  GDN_CUDA(cudaStreamEndCapture(s1, &graph));
+  GDN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  GDN_CUDA(cudaGraphLaunch(exec, s1));
+  da.download(s1);
+  const Errors e2 = test::compare(a, r2);
+  expect_within(sa, e2);
+  report("split, graph replay", sa, e2, pa.kernel_name());
+  GDN_CUDA(cudaGraphExecDestroy(exec));
+  GDN_CUDA(cudaGraphDestroy(graph));
+  GDN_CUDA(cudaStreamDestroy(s1));
+  GDN_CUDA(cudaStreamDestroy(s2));
+}
+
+// What the planner picks on its own (metadata only: nothing runs), and the errors of a request
+// it cannot honour.
+TEST_F(Cuda, ContextParallelPlanner) {
+  auto problem = [](int hqk, int hv, std::int64_t n, std::int64_t len, bool cu) {
+    Problem p;
+    p.total_tokens = n * len;
+    p.num_seqs = n;
+    p.num_q_heads = p.num_k_heads = hqk;
+    p.num_v_heads = hv;
+    p.has_cu_seqlens = cu;
+    p.memory = Memory::cuda;
+    return p;
+  };
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const bool hopper = major == 9 && minor == 0 && gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true) &&
+                      test::sm_count() >= 100;
+  const std::string tp8 = Plan::create(problem(2, 8, 1, 32768, true)).kernel_name();
+  const std::string many = Plan::create(problem(16, 64, 4, 8192, false)).kernel_name();
+  const std::string varlen = Plan::create(problem(2, 8, 2, 16384, true)).kernel_name();
+  std::printf("planner: qwen35tp8 b1 t32768 -> %s; qwen35 b4 t8192 -> %s; tp8 varlen n2 -> %s\n", tp8.c_str(),
+              many.c_str(), varlen.c_str());
+  if (hopper) EXPECT_NE(tp8.find("-cp"), std::string::npos) << "8 walks of 512 chunks on " << test::sm_count() << " SMs";
+  EXPECT_EQ(many.find("-cp"), std::string::npos) << "256 walks fill the GPU";
+  EXPECT_EQ(varlen.find("-cp"), std::string::npos) << "unequal lengths are not split";
+
+  gdnkit::Options o;
+  o.segments = -1;
+  expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::invalid_value,
+               "options.segments", "got -1");
+  o.segments = 3;
+  expect_error([&] { Plan::create(problem(2, 8, 2, 4096, true), o); }, Error::Kind::unsupported, "options.segments",
+               "with cu_seqlens");
+  o.kernel = "cuda-fused-sm90-bf16-k128";
+  expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::invalid_value,
+               "options.segments", "options.kernel");
+  if (!hopper) {
+    o.kernel = nullptr;
+    expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::unsupported,
+                 "options.segments", "compute capability 9.0");
+  }
 }

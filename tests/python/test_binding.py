@@ -341,6 +341,19 @@ def test_required_kernel(rng):
         gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, kernel=3)
 
 
+def test_segments_on_host(rng):
+    """segments= is a CUDA option: host arrays accept 0/1/None and refuse a split, by name."""
+    q, k, v, g, beta = make_inputs(rng, (70,), 2, 2, 2, 32, 32)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
+    o1, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, segments=1)
+    np.testing.assert_array_equal(o, o1)
+    with pytest.raises(RuntimeError) as e:
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, segments=4)
+    assert "options.segments" in str(e.value) and "got 4" in str(e.value)
+    with pytest.raises(TypeError):
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, segments="4")
+
+
 def test_threads_share_nothing(rng):
     """Calls release the GIL and keep no shared buffers: concurrent calls give the serial answers."""
     inputs = [make_inputs(rng, (150,), 2, 2, 2, 32, 32) for _ in range(4)]
