@@ -98,11 +98,11 @@ struct Options {
   const char* kernel = nullptr;
   // CUDA backend, context parallelism (splitting each sequence into segments walked in parallel,
   // exact: docs/math.md "Splitting a sequence"). 0: the planner splits where its cost model says
-  // it pays (sm_90a with the fused kernel; sequence lengths known from the metadata: one
-  // sequence, or equal ones without cu_seqlens; with fewer walks than SMs). 1: never split.
-  // k >= 2: split every sequence into k segments of whole chunks (fewer where it is short); an
-  // error where it cannot (unsupported on the device or with unequal lengths). Not combined with
-  // `kernel`.
+  // it pays (sm_90a with the fused kernel, dv 128; with few walks: today one sequence or a few,
+  // with few heads). 1: never split. k >= 2: segments of whole chunks, about 1/k of the mean
+  // sequence length T / N (a sequence of the mean length gets k; shorter ones fewer, longer ones
+  // more; lengths are read on the device, no host copy of cu_seqlens is needed); unsupported
+  // where the device cannot run it. Not combined with `kernel`.
   int segments = 0;
 };
 

@@ -315,8 +315,9 @@ CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi) {
 }
 
 // Fills c's split fields (and its kernel name and workspace) when the problem is split: by
-// request (options.segments >= 2; an error where it cannot be) or where the cost model puts the
-// split below 85% of the unsplit kernel's time (options.segments == 0).
+// request (options.segments >= 2: segments of about 1/k of the mean sequence length; an error
+// where it cannot be) or where the cost model, run on the mean length, puts the split below 85%
+// of the unsplit kernel's time (options.segments == 0).
 void plan_split(const Problem& problem, const detail::Shape& s, const Options& options, Config& c, int smem_optin) {
   const int want = options.segments;
   if (want < 0) fail(K::invalid_value, "options.segments", "0 (the planner decides), 1 (never split) or k >= 2", str(want));
@@ -325,14 +326,9 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   if (forced && options.kernel != nullptr)
     fail(K::invalid_value, "options.segments", "0 or 1 together with options.kernel (a split runs its own kernels)",
          str(want));
+  // The lengths live on the device: the plan takes the mean length for the cost model and the
+  // segment length, and sizes the workspace by bounds that hold for any lengths (cp.cuh).
   const std::int64_t n = std::max<std::int64_t>(s.N, 1);
-  if (problem.has_cu_seqlens && s.N > 1) {
-    if (forced)
-      fail(K::unsupported, "options.segments",
-           "one sequence, or equal ones without cu_seqlens (the split is planned from lengths the metadata gives)",
-           str(s.N) + " sequences with cu_seqlens");
-    return;
-  }
   auto unsupported = [&](const std::string& why) {
     if (forced) fail(K::unsupported, "options.segments", "a problem the split runs on (" + why + ")", str(want));
   };
@@ -349,14 +345,15 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
     if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin))
       return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
   if (!forced && !(best.cost < 0.85 * unsplit_cost(*c.split, s, c.sm_count))) return;
+  const std::size_t bytes = cp_workspace(CpLayout::of(s.T, n, best.seg_tokens), n, static_cast<int>(s.H), s.dk, s.dv).bytes;
+  if (!forced && bytes > (std::size_t(1) << 30)) return;  // not worth a gigabyte of scratch
   prepare_kernel(c.device, *k1);
   prepare_kernel(c.device, *k3);
   c.cp_segments = best.nseg;
   c.cp_seg_tokens = best.seg_tokens;
   c.cp_stage1 = k1;
   c.cp_stage3 = k3;
-  const CpLayout layout{n, s.T / n, best.seg_tokens, best.nseg};
-  c.workspace = cp_workspace(layout, static_cast<int>(s.H), s.dk, s.dv).bytes;
+  c.workspace = bytes;
   c.name = std::string(k3->name);
   c.name = c.name.substr(0, c.name.size() - std::string("-walks").size()) + "-cp" + str(best.nseg);
   if (best.dvb1 != best.dvb3) c.name += "-maps-v" + str(best.dvb1);
@@ -461,8 +458,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
 
   if (c.workspace > 0) check_aligned("workspace", workspace);
   if (c.cp_segments >= 2) {
-    const std::int64_t n = std::max<std::int64_t>(s.N, 1);
-    const CpLayout layout{n, s.T / n, c.cp_seg_tokens, c.cp_segments};
+    const CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
     const cudaError_t err = launch_cp(p, layout, *c.cp_stage1, *c.cp_stage3, static_cast<unsigned char*>(workspace),
                                       reinterpret_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {

@@ -28,7 +28,7 @@ struct Config {
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
   // Context parallelism (cp.h): segments per sequence (0: no split), tokens per segment, and the
   // walk-list kernels of stage 1 (with the transfer maps) and stage 3. kernel names the split.
-  int cp_segments = 0;
+  int cp_segments = 0;                     // of a sequence of the mean length
   int cp_seg_tokens = 0;
   const SplitKernel* cp_stage1 = nullptr;
   const SplitKernel* cp_stage3 = nullptr;

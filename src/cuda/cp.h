@@ -10,11 +10,12 @@
 
 namespace gdnkit::cuda {
 
-// The workspace of one split call: the two walk lists, the segments' end states E and maps M.
+// The workspace of one split call: the two walk lists, the per-sequence slot table, the segments'
+// end states E and maps M.
 struct CpWorkspace {
-  std::size_t list1 = 0, list3 = 0, states = 0, maps = 0, bytes = 0;  // offsets, total
+  std::size_t list1 = 0, list3 = 0, seq_slots = 0, states = 0, maps = 0, bytes = 0;  // offsets, total
 };
-CpWorkspace cp_workspace(const CpLayout& c, int heads, int dk, int dv);
+CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, int heads, int dk, int dv);
 
 // Enqueues the three stages on stream (no host synchronisation): stage 1 on k1 (a walk-list fused
 // kernel whose value-column blocks divide dk: its map CTAs cover M), the scan, stage 3 on k3.

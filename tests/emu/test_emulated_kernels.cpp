@@ -491,44 +491,60 @@ TEST(Emulated, FusedWalkList) {
   }
 }
 
-// Context parallelism (cp.cuh): the walk lists, stage 1 with its map CTAs, the scan and stage 3, as
-// cp.cu launches them, against the fp64 oracle; the segment counts cover no scan step (2), one
-// and several, a short last segment and a segment of one chunk.
+// Context parallelism (cp.cuh): the walk lists built from the lengths, stage 1 with its map CTAs,
+// the scan and stage 3, as cp.cu launches them, against the fp64 oracle; the segment counts cover
+// no scan step (2), one and several, short last segments, a segment of one chunk, and in a packed
+// batch sequences that are not split at all (shorter than a segment, empty).
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int dvb3) {
   const detail::Shape& s = c.shape;
-  const std::int64_t n = c.N(), len = s.T / n;
-  const cuda::CpLayout layout{n, len, seg, static_cast<int>((len + seg - 1) / seg)};
-  ASSERT_GE(layout.nseg, 2);
-  const std::int64_t walks = layout.walks();
-  std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(walks)), list3(list1.size());
-  for (std::int64_t i = 0; i < walks; ++i) cuda::cp_build_walk(layout, i, list1.data(), list3.data());
-  const std::size_t segs = static_cast<std::size_t>(n * layout.nseg * s.H);
-  std::vector<float> E(segs * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> M(segs * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
+  const std::int64_t n = c.N();
+  const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
   const cuda::ChunkedParams p = cuda::chunked_params(c.problem, s, c.tensors());
-  const unsigned z = static_cast<unsigned>(std::min<std::int64_t>(walks, 3));  // several walks per CTA
+  std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1)), list3(static_cast<std::size_t>(layout.cap3));
+  std::vector<int> seq_slots(static_cast<std::size_t>(2 * n), -7);
+  std::vector<int> sm(2 * cuda::kCpBuildThreads);
+  run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
+    cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
+                                                threadIdx.x);
+  });
+  // Every token is in exactly one walk that writes o, and every sequence's final state is written
+  // by exactly one walk.
+  std::vector<int> out(static_cast<std::size_t>(s.T), 0), last(static_cast<std::size_t>(n), 0);
+  for (const auto* list : {&list1, &list3})
+    for (const auto& w : *list) {
+      if (w.out)
+        for (int t = w.begin; t < w.end; ++t) ++out[static_cast<std::size_t>(t)];
+      if (w.last) ++last[static_cast<std::size_t>(w.seq)];
+    }
+  for (std::int64_t t = 0; t < s.T; ++t) ASSERT_EQ(out[static_cast<std::size_t>(t)], 1) << "token " << t;
+  for (std::int64_t m = 0; m < n; ++m) ASSERT_EQ(last[static_cast<std::size_t>(m)], 1) << "sequence " << m;
+  const std::size_t slots = static_cast<std::size_t>(layout.slots * s.H);
+  std::vector<float> E(std::max<std::size_t>(slots, 1) * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> M(std::max<std::size_t>(slots, 1) * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
+  const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
 
   cuda::ChunkedParams p1 = p;
   p1.walks = list1.data();
-  p1.num_walks = walks;
+  p1.num_walks = layout.cap1;
   p1.walk_out = E.data();
   p1.map_out = M.data();
   p1.value_blocks = s.dv / dvb1;
-  const dim3 g1(static_cast<unsigned>(s.dv / dvb1 + s.dk / dvb1), static_cast<unsigned>(s.H), z);
+  const dim3 g1(static_cast<unsigned>(s.dv / dvb1 + s.dk / dvb1), static_cast<unsigned>(s.H), z1);
   if (dvb1 == 128) emulate_fused<T, DK, 128, true>(p1, g1);
   else emulate_fused<T, DK, 64, true>(p1, g1);
+  if (layout.cap3 == 0) return;
 
   alignas(16) static float xs[128 * cuda::kCpScanCols];
-  if (layout.nseg > 2)
-    run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
-             DK, [&] { cuda::cp_scan_cta<DK>(p, layout, E.data(), M.data(), xs, threadIdx.x); });
+  run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
+           DK, [&] { cuda::cp_scan_cta<DK>(p, seq_slots.data(), E.data(), M.data(), xs, threadIdx.x); });
 
   cuda::ChunkedParams p3 = p;
   p3.walks = list3.data();
-  p3.num_walks = walks;
+  p3.num_walks = layout.cap3;
   p3.walk_states = E.data();
-  const dim3 g3(static_cast<unsigned>(s.dv / dvb3), static_cast<unsigned>(s.H), z);
+  const dim3 g3(static_cast<unsigned>(s.dv / dvb3), static_cast<unsigned>(s.H),
+                static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, 3)));
   if (dvb3 == 128) emulate_fused<T, DK, 128, true>(p3, g3);
   else emulate_fused<T, DK, 64, true>(p3, g3);
 }
@@ -551,6 +567,7 @@ TEST(Emulated, ContextParallel) {
       {{300}, true, 128, 128, 64, 64, false, false, StateLayout::vk, real, false},  // 3 segments
       {{200, 200}, false, 128, 128, 128, 64, true, true, StateLayout::vk, real, true},  // 2 segments each: no scan
       {{192, 192}, false, 64, 64, 64, 64, true, false, StateLayout::kv, hard, true},    // 3 whole segments, dk 64
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 64, true, false, StateLayout::vk, hard, true},  // packed, uneven
   };
   int k = 0;
   for (const Run& r : runs) {

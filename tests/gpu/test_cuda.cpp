@@ -1013,7 +1013,8 @@ Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, 
 // Split runs against the oracle and against the same problem unsplit: segment counts from 2 (no
 // scan) to many (a segment of one chunk), short last segments, both dtypes, dk and dv 64 and 128,
 // both state layouts, in-place states, no gate and almost no decay (where the segments' maps carry
-// the answer: realistic gates decay a start state to nothing within a segment), uniform batches.
+// the answer: realistic gates decay a start state to nothing within a segment), uniform batches
+// and packed ones of uneven lengths (some sequences not split, one empty).
 TEST_F(Cuda, ContextParallel) {
   if (!gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true)) GTEST_SKIP() << "built without CUTLASS";
   int dev = 0, major = 0, minor = 0;
@@ -1060,6 +1061,18 @@ TEST_F(Cuda, ContextParallel) {
     s.inputs = Inputs::hard;
     s.initial_state = true;
     runs.push_back({s, 16});
+    // A packed batch of uneven lengths: segments of 320 tokens (a fourth of the mean), so 10, 1,
+    // 3, 1, 1 and 8 segments; the lengths are read on the device.
+    s = cp_spec({3000, 0, 700, 64, 1, 2500}, true, 128, 128, DType::bf16, 1708);
+    s.inputs = Inputs::hard;
+    s.initial_state = true;
+    s.in_place = true;
+    s.cu_dtype = DType::i64;
+    runs.push_back({s, 4});
+    s = cp_spec({1500, 900, 20}, true, 64, 64, DType::f16, 1709);
+    s.has_gate = false;
+    s.layout = StateLayout::vk;
+    runs.push_back({s, 5});
   }
   for (const Run& r : runs) {
     gdnkit::Options split, whole;
@@ -1157,20 +1170,23 @@ TEST_F(Cuda, ContextParallelPlanner) {
                       test::sm_count() >= 100;
   const std::string tp8 = Plan::create(problem(2, 8, 1, 32768, true)).kernel_name();
   const std::string many = Plan::create(problem(16, 64, 4, 8192, false)).kernel_name();
-  const std::string varlen = Plan::create(problem(2, 8, 2, 16384, true)).kernel_name();
-  std::printf("planner: qwen35tp8 b1 t32768 -> %s; qwen35 b4 t8192 -> %s; tp8 varlen n2 -> %s\n", tp8.c_str(),
-              many.c_str(), varlen.c_str());
-  if (hopper) EXPECT_NE(tp8.find("-cp"), std::string::npos) << "8 walks of 512 chunks on " << test::sm_count() << " SMs";
+  const std::string varlen = Plan::create(problem(2, 8, 2, 32768, true)).kernel_name();
+  const std::string wide = Plan::create(problem(16, 32, 8, 4096, true)).kernel_name();
+  std::printf("planner: qwen35tp8 b1 t32768 -> %s; qwen35 b4 t8192 -> %s; tp8 varlen n2 t65536 -> %s; "
+              "qwen3next varlen n8 t32768 -> %s\n",
+              tp8.c_str(), many.c_str(), varlen.c_str(), wide.c_str());
+  if (hopper) {
+    EXPECT_NE(tp8.find("-cp"), std::string::npos) << "8 walks of 512 chunks on " << test::sm_count() << " SMs";
+    EXPECT_NE(varlen.find("-cp"), std::string::npos) << "16 walks of 512 chunks (packed, cu_seqlens)";
+  }
   EXPECT_EQ(many.find("-cp"), std::string::npos) << "256 walks fill the GPU";
-  EXPECT_EQ(varlen.find("-cp"), std::string::npos) << "unequal lengths are not split";
+  EXPECT_EQ(wide.find("-cp"), std::string::npos) << "256 walks fill the GPU";
 
   gdnkit::Options o;
   o.segments = -1;
   expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::invalid_value,
                "options.segments", "got -1");
   o.segments = 3;
-  expect_error([&] { Plan::create(problem(2, 8, 2, 4096, true), o); }, Error::Kind::unsupported, "options.segments",
-               "with cu_seqlens");
   o.kernel = "cuda-fused-sm90-bf16-k128";
   expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::invalid_value,
                "options.segments", "options.kernel");

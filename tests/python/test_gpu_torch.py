@@ -120,7 +120,7 @@ def test_required_kernel():
 
 
 def test_segments_split_matches_fp64():
-    """segments=k splits one long sequence (context parallelism) on H100/H200: same answer as the
+    """segments=k splits long sequences (context parallelism) on H100/H200: same answer as the
     fp64 recurrence and as the unsplit call, with almost no decay (the segments' maps matter)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the split runs on compute capability 9.0")
@@ -135,10 +135,12 @@ def test_segments_split_matches_fp64():
           f"unsplit o {rel_l2(o1, ro):.3e} state {rel_l2(s1, rs):.3e}")
     assert rel_l2(o4, ro) < 2e-2 and rel_l2(s4, rs) < 2e-2
     assert rel_l2(o4, ro) < 1.3 * rel_l2(o1, ro) + 1e-4 and rel_l2(s4, rs) < 1.3 * rel_l2(s1, rs) + 1e-4
-    two = torch.cat([cu, cu[1:] + cu[-1]])  # two sequences with cu_seqlens: lengths unknown to the planner
-    q2, k2, v2, g2, b2 = (torch.cat([x, x]) for x in (q, k, v, g, beta))
-    with pytest.raises(RuntimeError, match="options.segments"):
-        gdnkit.chunk_gated_delta_rule(q2, k2, v2, g2, b2, cu_seqlens=two, segments=3)
+    # A packed batch of uneven lengths (read on the device), with an empty sequence.
+    q, k, v, g, beta, h0, cu = make_inputs([1800, 0, 300, 900], 2, 2, 4, 128, 128, seed=12, hard=True)
+    o3, s3 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                           output_final_state=True, cu_seqlens=cu, segments=3)
+    ro, rs = reference_fp64(q, k, v, g, beta, scale, h0, cu.tolist())
+    assert rel_l2(o3, ro) < 2e-2 and rel_l2(s3, rs) < 2e-2
 
 
 def test_graph_capture_replays_with_new_values():
