@@ -593,9 +593,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (tid / 128) * (C * 128) +
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
-      if (!is_map)  // a map CTA stores no O: no P
-        fused_p<F>(F::kq(smem, j % 3), rec,
-                   reinterpret_cast<const float*>(smem + F::off_gates + (j % 2) * F::gates_bytes) + C, p.scale, tid);
+      fused_p<F>(F::kq(smem, j % 3), rec,
+                 reinterpret_cast<const float*>(smem + F::off_gates + (j % 2) * F::gates_bytes) + C, p.scale, tid);
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
       gmma_smem_fence();
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
@@ -606,20 +605,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       if (nrows > 0) {}
       else
 #endif
-      if (is_map) {
-        switch ((nrows + 15) / 16) {
-          case 4: walk_chunk<W, 4, false>(st, S, l, zero_state, 0, p.scale, orow0, p.o_token); break;
-          case 3: walk_chunk<W, 3, false>(st, S, l, zero_state, 0, p.scale, orow0, p.o_token); break;
-          case 2: walk_chunk<W, 2, false>(st, S, l, zero_state, 0, p.scale, orow0, p.o_token); break;
-          default: walk_chunk<W, 1, false>(st, S, l, zero_state, 0, p.scale, orow0, p.o_token); break;
-        }
-      } else {
-        switch ((nrows + 15) / 16) {
-          case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-          case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-          case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-          default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-        }
+      switch ((nrows + 15) / 16) {
+        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
       }
       named_arrive(F::kBarEmpty + j % 2, F::kThreads);
       probe.mark();

@@ -228,7 +228,7 @@ struct MmaSyncWalk {
   }
 
   // The step's two calls (walk_chunk): mma.sync is synchronous, so they are the products in order.
-  template <int NB, bool kOut = true, class MakeX>
+  template <int NB, class MakeX>
   __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn_acc)[2 * NB][4],
                                const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,
                                const WalkStage<T>& S, const WalkLane& l) {
@@ -241,11 +241,10 @@ struct MmaSyncWalk {
       for (int e = 0; e < 4; ++e) vn_acc[i][e] = 0.0f;
     vn<NB>(vn_acc, xa, S, l);
   }
-  template <int NB, bool kOut = true, class StoreO, class Decay>
+  template <int NB, class StoreO, class Decay>
   __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
                                    std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
                                    const WalkStage<T>& S, const WalkLane& l) {
-    static_assert(kOut, "the mma.sync walk always stores O");
     out<NB>(qs, na, S, l);
     store_o();
     decay_state();
@@ -258,8 +257,7 @@ struct MmaSyncWalk {
 // chunk, this warp's first column). The products come from the policy W, in two calls that let an
 // asynchronous policy wait only where a result is needed: kq_vn (K S and Q S, then Xt, then Vn)
 // and out_state (P Vn into O and Vd K into S', the O store and the decay of St between them).
-// kOut = false: no O at all (no Q S, no P Vn, nothing stored), for the fused kernel's map CTAs.
-template <class W, int NB, bool kOut = true>
+template <class W, int NB>
 __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
                                            const WalkLane& l, bool zero_state, int nrows, float scale,
                                            typename W::T* orow0, std::int64_t o_token) {
@@ -304,7 +302,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     }
   };
   // K S and Q S, then Xt, then Vnt = Xt Mt^T.
-  W::template kq_vn<NB, kOut>(ks, qs, vn, st, zero_state, make_x, S, l);
+  W::template kq_vn<NB>(ks, qs, vn, st, zero_state, make_x, S, l);
 
   // Ot = QSt diag(scale gam) + Vnt P^T; Vnt and Vnt diag(exp(G_last - G)) as A fragments.
   std::uint32_t na[NB][4], da[NB][4];
@@ -353,7 +351,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
       }
     }
   };
-  W::template out_state<NB, kOut>(qs, na, st, da, store_o, decay_state, S, l);
+  W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
 }
 
 // The state of (sequence n, head h) as this lane's St tiles: columns col, col + 8 (value columns,

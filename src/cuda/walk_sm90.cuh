@@ -142,8 +142,7 @@ struct WgmmaWalk {
 
   // K S and Q S in one commit group, then Xt (make_x) and Xt Mt^T. wgmma reads its A registers
   // (St rounded, then Xt) until its group retires, so they live in this frame until its wait.
-  // kOut = false (the fused kernel's map CTAs, which store no O): no Q S, no P Vn.
-  template <int NB, bool kOut = true, class MakeX>
+  template <int NB, class MakeX>
   __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn)[2 * NB][4],
                                const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,
                                const WalkStage<T>& S, const WalkLane&) {
@@ -156,20 +155,18 @@ struct WgmmaWalk {
       for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
       fence_all(sa);
       gmma_fence(kf);
-      if constexpr (kOut) gmma_fence(qf);
+      gmma_fence(qf);
       gmma_arrive();
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc(S.kq + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
-      if constexpr (kOut) {
 #pragma unroll
-        for (int kk = 0; kk < DK / 16; ++kk)
-          gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc(S.kq + k_bytes + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
-      }
+      for (int kk = 0; kk < DK / 16; ++kk)
+        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc(S.kq + k_bytes + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
       gmma_commit();
       gmma_wait<0>();
       gmma_fence(kf);
-      if constexpr (kOut) gmma_fence(qf);
+      gmma_fence(qf);
       fence_all(sa);
     }
     std::uint32_t xa[NB][4];
@@ -192,26 +189,12 @@ struct WgmmaWalk {
 
   // P Vn into O, then Vd K into S', in two commit groups: the O store runs while the state
   // product is in flight.
-  template <int NB, bool kOut = true, class StoreO, class Decay>
+  template <int NB, class StoreO, class Decay>
   __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
                                    std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
                                    const WalkStage<T>& S, const WalkLane&) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
-    if constexpr (!kOut) {  // the state product only
-      decay_state();
-      fence_all(da);
-      gmma_fence(sf);
-      gmma_arrive();
-#pragma unroll
-      for (int rb = 0; rb < NB; ++rb)
-        gmma_rs<T, DK, true>(sf, da[rb], gmma_desc(S.kq + rb * 16 * 128, kChunk * 128, 1024), true);
-      gmma_commit();
-      gmma_wait<0>();
-      gmma_fence(sf);
-      fence_all(da);
-      return;
-    }
     fence_all(na);
     gmma_fence(qf);
     gmma_arrive();
