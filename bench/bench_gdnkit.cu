@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
     std::vector<int> cu_host(1, 0);
     for (auto L : row.lens) cu_host.push_back(cu_host.back() + static_cast<int>(L));
     p.total_tokens = cu_host.back();
+    p.max_seq_len = *std::max_element(row.lens.begin(), row.lens.end());  // the planning hint a server has
     p.num_q_heads = row.hq, p.num_k_heads = row.hk, p.num_v_heads = row.hv;
     p.head_dim_k = row.dk, p.head_dim_v = row.dv;
     const int H = std::max(row.hq, row.hv);

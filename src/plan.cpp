@@ -60,6 +60,9 @@ Shape resolve_shape(const Problem& p) {
   Shape s;
   if (p.total_tokens < 0) fail(K::invalid_value, "total_tokens", "T >= 0", str(p.total_tokens));
   if (p.num_seqs < 1) fail(K::invalid_value, "num_seqs", "N >= 1", str(p.num_seqs));
+  if (p.max_seq_len < 0 || p.max_seq_len > p.total_tokens)
+    fail(K::invalid_value, "max_seq_len", "0 (unknown) or a length in [1, T=" + str(p.total_tokens) + "]",
+         str(p.max_seq_len));
   if (p.num_q_heads < 1) fail(K::invalid_value, "q", "at least 1 head", str(p.num_q_heads));
   if (p.num_k_heads < 1) fail(K::invalid_value, "k", "at least 1 head", str(p.num_k_heads));
   if (p.num_v_heads < 1) fail(K::invalid_value, "v", "at least 1 head", str(p.num_v_heads));

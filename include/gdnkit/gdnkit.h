@@ -74,6 +74,10 @@ struct Problem {
   DType beta_dtype = DType::f32;
   DType cu_seqlens_dtype = DType::i32;
   bool has_cu_seqlens = true;
+  // Optional planning hint: the longest sequence's length (0: unknown; the planner then assumes
+  // T / N). Only speed depends on it (the CUDA planner's choice of a sequence split); any value in
+  // [0, T] gives correct results.
+  std::int64_t max_seq_len = 0;
 
   Strides q, k, v, o, g, beta;
 
@@ -99,10 +103,10 @@ struct Options {
   // CUDA backend, context parallelism (splitting each sequence into segments walked in parallel,
   // exact: docs/math.md "Splitting a sequence"). 0: the planner splits where its cost model says
   // it pays (sm_90a with the fused kernel, dv 128; with few walks: today one sequence or a few,
-  // with few heads). 1: never split. k >= 2: segments of whole chunks, about 1/k of the mean
-  // sequence length T / N (a sequence of the mean length gets k; shorter ones fewer, longer ones
-  // more; lengths are read on the device, no host copy of cu_seqlens is needed); unsupported
-  // where the device cannot run it. Not combined with `kernel`.
+  // with few heads). 1: never split. k >= 2: segments of whole chunks, about 1/k of the longest
+  // sequence (Problem::max_seq_len, else the mean length T / N; shorter sequences get fewer;
+  // lengths are read on the device, no host copy of cu_seqlens is needed); unsupported where the
+  // device cannot run it. Not combined with `kernel`.
   int segments = 0;
 };
 

@@ -315,9 +315,9 @@ CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi) {
 }
 
 // Fills c's split fields (and its kernel name and workspace) when the problem is split: by
-// request (options.segments >= 2: segments of about 1/k of the mean sequence length; an error
-// where it cannot be) or where the cost model, run on the mean length, puts the split below 85%
-// of the unsplit kernel's time (options.segments == 0).
+// request (options.segments >= 2: segments of about 1/k of the longest sequence, Problem::
+// max_seq_len, or else of the mean length; an error where it cannot be) or where the cost model
+// puts the split below 85% of the unsplit kernel's time (options.segments == 0).
 void plan_split(const Problem& problem, const detail::Shape& s, const Options& options, Config& c, int smem_optin) {
   const int want = options.segments;
   if (want < 0) fail(K::invalid_value, "options.segments", "0 (the planner decides), 1 (never split) or k >= 2", str(want));
@@ -335,16 +335,23 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   if (s.T == 0 || s.T > INT32_MAX / 2 || n > 65535) return unsupported("1 to 2^30 tokens, at most 65535 sequences");
   if (s.dv % 64 != 0 || s.dk % 64 != 0) return unsupported("dk and dv multiples of 64");
   if (!forced && (s.dv != 128 || c.split == nullptr)) return;
-  const std::int64_t chunks = (s.T / n + kChunk - 1) / kChunk;
+  // The cost model runs on equal lengths: the batch as ceil(T / Lmax) sequences of the longest
+  // length Lmax (the hint, else the mean), whose walks set the time split or not.
+  detail::Shape eq = s;
+  const std::int64_t lmax =
+      std::max<std::int64_t>(1, problem.has_cu_seqlens && problem.max_seq_len > 0 ? problem.max_seq_len : s.T / n);
+  eq.N = std::max<std::int64_t>(1, (s.T + lmax - 1) / lmax);
+  eq.T = eq.N * lmax;
+  const std::int64_t chunks = (lmax + kChunk - 1) / kChunk;
   const int kseg = static_cast<int>(std::min<std::int64_t>(want, chunks));  // forced: fewer where short
-  const CpChoice best = best_split(s, c.sm_count, forced ? kseg : 3, forced ? kseg : 64);
+  const CpChoice best = best_split(eq, c.sm_count, forced ? kseg : 3, forced ? kseg : 64);
   if (best.nseg < 2) return;  // too short to split (forced: "fewer where it is short")
   const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb1, true);
   const SplitKernel* k3 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb3, true);
   for (const SplitKernel* k : {k1, k3})
     if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin))
       return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
-  if (!forced && !(best.cost < 0.85 * unsplit_cost(*c.split, s, c.sm_count))) return;
+  if (!forced && !(best.cost < 0.85 * unsplit_cost(*c.split, eq, c.sm_count))) return;
   const std::size_t bytes = cp_workspace(CpLayout::of(s.T, n, best.seg_tokens), n, static_cast<int>(s.H), s.dk, s.dv).bytes;
   if (!forced && bytes > (std::size_t(1) << 30)) return;  // not worth a gigabyte of scratch
   prepare_kernel(c.device, *k1);

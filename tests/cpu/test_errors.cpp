@@ -153,6 +153,17 @@ TEST(Errors, SegmentsOnCpu) {
   EXPECT_STREQ(Plan::create(small_problem(), o).kernel_name(), "cpu-chunked-fp32");
 }
 
+// max_seq_len is a hint, but an impossible one is refused.
+TEST(Errors, MaxSeqLen) {
+  Problem p = small_problem();
+  p.max_seq_len = -1;
+  expect_error([&] { Plan::create(p); }, V, "max_seq_len", {"got -1"});
+  p.max_seq_len = p.total_tokens + 1;
+  expect_error([&] { Plan::create(p); }, V, "max_seq_len", {"[1, T=" + std::to_string(p.total_tokens) + "]"});
+  p.max_seq_len = p.total_tokens;
+  EXPECT_STREQ(Plan::create(p).kernel_name(), "cpu-chunked-fp32");
+}
+
 TEST(Errors, CpuThreads) {
   gdnkit::Options o;
   o.cpu_threads = -2;

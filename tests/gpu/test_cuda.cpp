@@ -1172,6 +1172,13 @@ TEST_F(Cuda, ContextParallelPlanner) {
   const std::string many = Plan::create(problem(16, 64, 4, 8192, false)).kernel_name();
   const std::string varlen = Plan::create(problem(2, 8, 2, 32768, true)).kernel_name();
   const std::string wide = Plan::create(problem(16, 32, 8, 4096, true)).kernel_name();
+  Problem skewed = problem(2, 8, 4, 8192, true);  // e.g. 20000 + 8000 + 3000 + 1768 tokens
+  const std::string skew_mean = Plan::create(skewed).kernel_name();
+  skewed.max_seq_len = 20000;  // the hint: the longest sequence sets the unsplit time
+  const std::string skew_hint = Plan::create(skewed).kernel_name();
+  std::printf("planner: tp8 n4 t32768 -> %s without max_seq_len, %s with 20000\n", skew_mean.c_str(),
+              skew_hint.c_str());
+  if (hopper) EXPECT_NE(skew_hint.find("-cp"), std::string::npos) << "a 20000-token walk on 8 heads";
   std::printf("planner: qwen35tp8 b1 t32768 -> %s; qwen35 b4 t8192 -> %s; tp8 varlen n2 t65536 -> %s; "
               "qwen3next varlen n8 t32768 -> %s\n",
               tp8.c_str(), many.c_str(), varlen.c_str(), wide.c_str());
