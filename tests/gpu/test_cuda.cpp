@@ -633,6 +633,25 @@ TEST_F(Cuda, BitwiseRepeatable) {
 
 // Two plans for different problems run concurrently on two streams, several times over; both
 // results are right.
+// Runs plan pa on da and pb on db four times each, on two non-blocking streams at once, each plan
+// with its own workspace; waits and downloads both.
+void run_on_two_streams(const Plan& pa, DeviceCase& da, const Plan& pb, DeviceCase& db) {
+  const test::DeviceWorkspace wa(pa), wb(pb);
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (int rep = 0; rep < 4; ++rep) {
+    pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
+    pb.run(db.tensors(), wb.ptr(), wb.bytes(), s2);
+  }
+  GDN_CUDA(cudaStreamSynchronize(s1));
+  GDN_CUDA(cudaStreamSynchronize(s2));
+  da.download(s1);
+  db.download(s2);
+  GDN_CUDA(cudaStreamDestroy(s1));
+  GDN_CUDA(cudaStreamDestroy(s2));
+}
+
 TEST_F(Cuda, TwoStreams) {
   Spec sa;
   sa.lens = {2000, 500};
@@ -658,26 +677,41 @@ TEST_F(Cuda, TwoStreams) {
   DeviceCase da(a), db(b);
   const Plan pa = Plan::create(da.problem(), test::suite_options(da.problem())),
              pb = Plan::create(db.problem(), test::suite_options(db.problem()));
-  const test::DeviceWorkspace wa(pa), wb(pb);
-  cudaStream_t s1 = nullptr, s2 = nullptr;
-  GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  for (int rep = 0; rep < 4; ++rep) {
-    pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
-    pb.run(db.tensors(), wb.ptr(), wb.bytes(), s2);
-  }
-  GDN_CUDA(cudaStreamSynchronize(s1));
-  GDN_CUDA(cudaStreamSynchronize(s2));
-  da.download(s1);
-  db.download(s2);
-  GDN_CUDA(cudaStreamDestroy(s1));
-  GDN_CUDA(cudaStreamDestroy(s2));
+  run_on_two_streams(pa, da, pb, db);
   const Errors ea = test::compare(a, ra), eb = test::compare(b, rb);
   expect_within(sa, ea);
   expect_within(sb, eb);
   report("two streams: A", sa, ea, pa.kernel_name());
   report("two streams: B", sb, eb, pb.kernel_name());
 }
+
+// plan.run on d captured once into a CUDA graph, on a stream and with a workspace of its own;
+// replay() launches the graph on that stream.
+class CapturedRun {
+ public:
+  CapturedRun(const Plan& plan, DeviceCase& d) : ws_(plan) {
+    GDN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    GDN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    plan.run(d.tensors(), ws_.ptr(), ws_.bytes(), stream_);
+    GDN_CUDA(cudaStreamEndCapture(stream_, &graph_));
+    GDN_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CapturedRun(const CapturedRun&) = delete;
+  CapturedRun& operator=(const CapturedRun&) = delete;
+  ~CapturedRun() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+  }
+  void replay() { GDN_CUDA(cudaGraphLaunch(exec_, stream_)); }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  test::DeviceWorkspace ws_;
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
 
 // run() captured into a CUDA graph; the graph replayed after new input values were copied into
 // the same buffers gives the new, right answer.
@@ -693,18 +727,9 @@ TEST_F(Cuda, GraphCapture) {
   const test::Reference r1 = test::run_reference(c);
   DeviceCase d(c);
   const Plan plan = Plan::create(d.problem(), test::suite_options(d.problem()));
-  cudaStream_t stream = nullptr;
-  GDN_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  const test::DeviceWorkspace ws(plan);
-  GDN_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  plan.run(d.tensors(), ws.ptr(), ws.bytes(), stream);
-  GDN_CUDA(cudaStreamEndCapture(stream, &graph));
-  GDN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-
-  GDN_CUDA(cudaGraphLaunch(exec, stream));
-  d.download(stream);
+  CapturedRun run(plan, d);
+  run.replay();
+  d.download(run.stream());
   const Errors e1 = test::compare(c, r1);
   expect_within(s, e1);
   report("graph replay 1", s, e1, plan.kernel_name());
@@ -714,16 +739,12 @@ TEST_F(Cuda, GraphCapture) {
   test::fill_inputs(c);
   c.poison_outputs();
   const test::Reference r2 = test::run_reference(c);
-  d.upload(stream);
-  GDN_CUDA(cudaGraphLaunch(exec, stream));
-  d.download(stream);
+  d.upload(run.stream());
+  run.replay();
+  d.download(run.stream());
   const Errors e2 = test::compare(c, r2);
   expect_within(s, e2);
   report("graph replay 2 (new inputs)", s, e2, plan.kernel_name());
-
-  GDN_CUDA(cudaGraphExecDestroy(exec));
-  GDN_CUDA(cudaGraphDestroy(graph));
-  GDN_CUDA(cudaStreamDestroy(stream));
 }
 
 // ---- Errors the CUDA backend adds ------------------------------------------------------------------
@@ -995,6 +1016,15 @@ TEST_F(Cuda, FusedWalkList) {
 
 namespace {
 
+// The split's kernels run here: compute capability 9.0 and a build with the fused kernels.
+bool split_runs_here() {
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0 && gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true) != nullptr;
+}
+
 Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, std::uint64_t seed) {
   Spec s;
   s.lens = std::move(lens);
@@ -1016,12 +1046,7 @@ Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, 
 // the answer: realistic gates decay a start state to nothing within a segment), uniform batches
 // and packed ones of uneven lengths (some sequences not split, one empty).
 TEST_F(Cuda, ContextParallel) {
-  if (!gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true)) GTEST_SKIP() << "built without CUTLASS";
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major != 9 || minor != 0) GTEST_SKIP() << "the split runs on compute capability 9.0 only";
+  if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
   struct Run {
     Spec spec;
     int segments;
@@ -1092,12 +1117,7 @@ TEST_F(Cuda, ContextParallel) {
 
 // A split plan on two streams at once (each with its own workspace), and captured in a graph.
 TEST_F(Cuda, ContextParallelStreamsAndGraph) {
-  if (!gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true)) GTEST_SKIP() << "built without CUTLASS";
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major != 9 || minor != 0) GTEST_SKIP() << "the split runs on compute capability 9.0 only";
+  if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
   Spec sa = cp_spec({3000}, true, 128, 128, DType::bf16, 1710), sb = cp_spec({2000}, true, 128, 128, DType::bf16, 1711);
   sa.inputs = sb.inputs = Inputs::hard;
   sa.initial_state = sb.initial_state = true;
@@ -1108,18 +1128,7 @@ TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   o.segments = 6;
   const Plan pa = Plan::create(da.problem(), o), pb = Plan::create(db.problem(), o);
   EXPECT_NE(std::string(pa.kernel_name()).find("-cp"), std::string::npos) << pa.kernel_name();
-  const test::DeviceWorkspace wa(pa), wb(pb);
-  cudaStream_t s1 = nullptr, s2 = nullptr;
-  GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-  for (int rep = 0; rep < 4; ++rep) {
-    pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
-    pb.run(db.tensors(), wb.ptr(), wb.bytes(), s2);
-  }
-  GDN_CUDA(cudaStreamSynchronize(s1));
-  GDN_CUDA(cudaStreamSynchronize(s2));
-  da.download(s1);
-  db.download(s2);
+  run_on_two_streams(pa, da, pb, db);
   const Errors ea = test::compare(a, ra), eb = test::compare(b, rb);
   expect_within(sa, ea);
   expect_within(sb, eb);
@@ -1131,22 +1140,13 @@ TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   test::fill_inputs(a);
   a.poison_outputs();
   const test::Reference r2 = test::run_reference(a);
-  da.upload(s1);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  GDN_CUDA(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
-  pa.run(da.tensors(), wa.ptr(), wa.bytes(), s1);
-  GDN_CUDA(cudaStreamEndCapture(s1, &graph));
-  GDN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  GDN_CUDA(cudaGraphLaunch(exec, s1));
-  da.download(s1);
+  CapturedRun run(pa, da);
+  da.upload(run.stream());
+  run.replay();
+  da.download(run.stream());
   const Errors e2 = test::compare(a, r2);
   expect_within(sa, e2);
   report("split, graph replay", sa, e2, pa.kernel_name());
-  GDN_CUDA(cudaGraphExecDestroy(exec));
-  GDN_CUDA(cudaGraphDestroy(graph));
-  GDN_CUDA(cudaStreamDestroy(s1));
-  GDN_CUDA(cudaStreamDestroy(s2));
 }
 
 // What the planner picks on its own (metadata only: nothing runs), and the errors of a request
@@ -1162,12 +1162,7 @@ TEST_F(Cuda, ContextParallelPlanner) {
     p.memory = Memory::cuda;
     return p;
   };
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  const bool hopper = major == 9 && minor == 0 && gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true) &&
-                      test::sm_count() >= 100;
+  const bool hopper = split_runs_here() && test::sm_count() >= 100;
   const std::string tp8 = Plan::create(problem(2, 8, 1, 32768, true)).kernel_name();
   const std::string many = Plan::create(problem(16, 64, 4, 8192, false)).kernel_name();
   const std::string varlen = Plan::create(problem(2, 8, 2, 32768, true)).kernel_name();
