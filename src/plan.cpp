@@ -177,7 +177,10 @@ Plan Plan::create(const Problem& problem, const Options& options) {
     if (options.kernel != nullptr && std::string(options.kernel) != "cpu-chunked-fp32")
       fail(Error::Kind::invalid_value, "options.kernel", "cpu-chunked-fp32 (the CPU backend's only kernel) or none",
            options.kernel);
-    if (options.segments < 0 || options.segments >= 2)
+    if (options.segments < 0)
+      fail(Error::Kind::invalid_value, "options.segments", "0 (the planner decides), 1 (never split) or k >= 2",
+           std::to_string(options.segments));
+    if (options.segments >= 2)
       fail(Error::Kind::unsupported, "options.segments", "0 or 1 for the CPU backend (it does not split sequences)",
            std::to_string(options.segments));
     impl->backend = Backend::cpu;

@@ -74,10 +74,6 @@ struct Problem {
   DType beta_dtype = DType::f32;
   DType cu_seqlens_dtype = DType::i32;
   bool has_cu_seqlens = true;
-  // Optional planning hint: the longest sequence's length (0: unknown; the planner then assumes
-  // T / N). Only speed depends on it (the CUDA planner's choice of a sequence split); any value in
-  // [0, T] gives correct results.
-  std::int64_t max_seq_len = 0;
 
   Strides q, k, v, o, g, beta;
 
@@ -90,6 +86,12 @@ struct Problem {
   GateSpace gate_space = GateSpace::log;
   StateLayout state_layout = StateLayout::kv;
   Memory memory = Memory::host;
+
+  // Optional planning hint: the longest sequence's length (0: unknown; the planner then assumes
+  // T / N). Any value in [0, T] gives correct results; it sets whether and how finely the CUDA
+  // planner splits sequences (Options::segments), so the speed and the split's workspace depend
+  // on it: a hint far below the real longest length makes many short segments.
+  std::int64_t max_seq_len = 0;
 };
 
 struct Options {
@@ -98,7 +100,7 @@ struct Options {
   // CUDA backend: run exactly this kernel (spelled as Plan::kernel_name() reports it, e.g.
   // "cuda-split-wgmma-bf16-k128-w4"); nullptr lets the planner choose. A name that does not exist
   // for the problem's dtype and dk is invalid_value; one the device cannot run is unsupported.
-  // Never a silent fallback.
+  // Never a silent fallback. A split's name ("...-cpK") is not one: ask for it with `segments`.
   const char* kernel = nullptr;
   // CUDA backend, context parallelism (splitting each sequence into segments walked in parallel,
   // exact: docs/math.md "Splitting a sequence"). 0: the planner splits where its cost model says
@@ -106,7 +108,7 @@ struct Options {
   // with few heads). 1: never split. k >= 2: segments of whole chunks, about 1/k of the longest
   // sequence (Problem::max_seq_len, else the mean length T / N; shorter sequences get fewer;
   // lengths are read on the device, no host copy of cu_seqlens is needed); unsupported where the
-  // device cannot run it. Not combined with `kernel`.
+  // device cannot run it or that length is under two chunks. Not combined with `kernel`.
   int segments = 0;
 };
 

@@ -86,8 +86,9 @@ def chunk_gated_delta_rule(
             that kernel: an unknown name raises ValueError, one the device cannot run
             RuntimeError. Never a silent fallback.
         segments: CUDA, context parallelism (C++ ``Options::segments``): None or 0 lets the planner
-            split long sequences where it pays, 1 never splits, k >= 2 requires k segments per
-            sequence (RuntimeError where the split cannot run, e.g. unequal lengths).
+            split long sequences where it pays, 1 never splits, k >= 2 requires segments of about
+            1/k of the mean length (RuntimeError where the split cannot run: host arrays, a GPU
+            other than H100/H200, a mean length under two chunks).
 
     CUDA tensors run on the current stream of q's framework (``torch.cuda.current_stream``, CuPy's
     current stream), on q's device; outputs and scratch come from that framework's allocator on

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -742,7 +743,9 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   if (!segments_obj.is_none()) {
     if (!PyLong_Check(segments_obj.ptr()))
       fail(Kind::invalid_type, "segments", "an int or None", py_type_name(segments_obj));
-    options.segments = static_cast<int>(nb::cast<long>(segments_obj));
+    const long long k = nb::cast<long long>(segments_obj);
+    if (k < INT_MIN || k > INT_MAX) fail(Kind::invalid_value, "segments", "an int in the C int range", std::to_string(k));
+    options.segments = static_cast<int>(k);
   }
   const gdnkit::Plan P = gdnkit::Plan::create(p, options);
   const std::int64_t N = p.num_seqs, dk = p.head_dim_k, dv = p.head_dim_v, H = P.num_output_heads();

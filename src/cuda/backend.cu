@@ -345,7 +345,9 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   const std::int64_t chunks = (lmax + kChunk - 1) / kChunk;
   const int kseg = static_cast<int>(std::min<std::int64_t>(want, chunks));  // forced: fewer where short
   const CpChoice best = best_split(eq, c.sm_count, forced ? kseg : 3, forced ? kseg : 64);
-  if (best.nseg < 2) return;  // too short to split (forced: "fewer where it is short")
+  if (best.nseg < 2)
+    return unsupported("sequences of two chunks or more: the longest (Problem::max_seq_len) or else the mean is " +
+                       str(lmax) + " tokens");
   const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb1, true);
   const SplitKernel* k3 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb3, true);
   for (const SplitKernel* k : {k1, k3})
@@ -354,6 +356,9 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   if (!forced && !(best.cost < 0.85 * unsplit_cost(*c.split, eq, c.sm_count))) return;
   const std::size_t bytes = cp_workspace(CpLayout::of(s.T, n, best.seg_tokens), n, static_cast<int>(s.H), s.dk, s.dv).bytes;
   if (!forced && bytes > (std::size_t(1) << 30)) return;  // not worth a gigabyte of scratch
+  if (bytes > (std::size_t(16) << 30))  // e.g. a max_seq_len far below the real lengths: tiny segments
+    return unsupported("at most 16 GiB of workspace; this split needs " + str(static_cast<std::int64_t>(bytes >> 20)) +
+                       " MiB (segments of " + str(best.seg_tokens) + " tokens)");
   prepare_kernel(c.device, *k1);
   prepare_kernel(c.device, *k3);
   c.cp_segments = best.nseg;

@@ -54,7 +54,11 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
   for (std::int64_t base = 0; base < p.num_seqs; base += NT) {
     const std::int64_t n = base + tid;
     const bool here = n < p.num_seqs;
-    const std::int64_t bos = here ? seq_begin(p, n) : 0, eos = here ? seq_begin(p, n + 1) : 0;
+    // Clamped into [0, T] (the run does not check cu_seqlens: a decreasing or out-of-range one
+    // gives wrong numbers, as the unsplit kernel would, but no access outside the buffers).
+    std::int64_t bos = here ? seq_begin(p, n) : 0, eos = here ? seq_begin(p, n + 1) : 0;
+    bos = bos < 0 ? 0 : bos > p.tokens ? p.tokens : bos;
+    eos = eos < bos ? bos : eos > p.tokens ? p.tokens : eos;
     const int nseg = here ? static_cast<int>(eos - bos > c.seg ? (eos - bos + c.seg - 1) / c.seg : 1) : 0;
     const int e1 = here ? (nseg > 1 ? nseg - 1 : 1) : 0, e3 = here ? nseg - 1 : 0;
     // Inclusive scans of e1 and e3 over the NT threads (Hillis-Steele in shared memory).
@@ -76,7 +80,7 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
     if (here) {
       const auto slot = static_cast<std::int32_t>(at3);
       seq_slots[2 * n] = slot;
-      seq_slots[2 * n + 1] = nseg;
+      seq_slots[2 * n + 1] = at1 + e1 <= c.cap1 && at3 + e3 <= c.cap3 ? nseg : 1;  // 1: no scan (see below)
       auto span = [&](int s) {
         WalkSpan w;
         w.seq = static_cast<std::int32_t>(n);
@@ -85,12 +89,14 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
         w.end = static_cast<std::int32_t>(end < eos ? end : eos);
         return w;
       };
-      if (nseg == 1) {
+      if (nseg == 1 && at1 < c.cap1) {
         WalkSpan w = span(0);  // the whole sequence, as the unsplit kernel walks it
         w.end = static_cast<std::int32_t>(eos);
         list1[at1] = w;
       }
-      for (int s = 0; s + 1 < nseg; ++s) {
+      // The bounds hold for valid cu_seqlens (sum of nseg_n - 1 <= T / seg); the checks keep an
+      // invalid one (sequences overlapping) inside the lists and slots.
+      for (int s = 0; s + 1 < nseg && at1 + s < c.cap1 && at3 + s < c.cap3; ++s) {
         WalkSpan a = span(s);
         a.last = 0;
         a.state_out = slot + s;

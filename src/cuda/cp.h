@@ -20,7 +20,8 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, int heads, int dk
 // Enqueues the three stages on stream (no host synchronisation): stage 1 on k1 (a walk-list fused
 // kernel whose value-column blocks divide dk: its map CTAs cover M), the scan, stage 3 on k3.
 // Both kernels must have been opted into their shared memory. p is the call's parameters as for
-// the unsplit kernel; ws holds cp_workspace(...).bytes, 256-byte aligned.
+// the unsplit kernel; ws holds cp_workspace(...).bytes, 16-byte aligned (its parts start at
+// multiples of 256 bytes from ws).
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const SplitKernel& k3,
                       unsigned char* ws, cudaStream_t stream);
 

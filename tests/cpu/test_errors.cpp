@@ -149,6 +149,8 @@ TEST(Errors, SegmentsOnCpu) {
   o.segments = 4;
   expect_error([&] { Plan::create(small_problem(), o); }, U, "options.segments",
                {"expected 0 or 1 for the CPU backend", "got 4"});
+  o.segments = -2;
+  expect_error([&] { Plan::create(small_problem(), o); }, V, "options.segments", {"got -2"});
   o.segments = 1;
   EXPECT_STREQ(Plan::create(small_problem(), o).kernel_name(), "cpu-chunked-fp32");
 }

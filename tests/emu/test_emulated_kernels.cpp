@@ -600,3 +600,48 @@ TEST(Emulated, ContextParallel) {
     expect_bf16_within(c, ref);
   }
 }
+
+// The split's list builder on cu_seqlens that the run does not check (decreasing, past T): every
+// entry stays inside the lists, the token range and the slots (guard entries after each list).
+TEST(Emulated, ContextParallelBadSeqlens) {
+  const int cu[] = {0, 1000, 10, 1010, 5000};
+  cuda::ChunkedParams p;
+  p.cu_seqlens = cu;
+  p.has_cu_seqlens = true;
+  p.num_seqs = 4;
+  p.tokens = 1010;
+  const cuda::CpLayout layout = cuda::CpLayout::of(p.tokens, p.num_seqs, 128);  // 7 slots, lists of 11 and 7
+  cuda::WalkSpan guard;
+  guard.seq = -99;
+  std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1) + 4, guard),
+      list3(static_cast<std::size_t>(layout.cap3) + 4, guard);
+  std::vector<int> seq_slots(2 * 4 + 2, -99), sm(2 * cuda::kCpBuildThreads);
+  run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
+    cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
+                                                threadIdx.x);
+  });
+  for (std::size_t i = 0; i < list1.size(); ++i) {
+    const cuda::WalkSpan& w = list1[i];
+    if (i >= static_cast<std::size_t>(layout.cap1)) {
+      EXPECT_EQ(w.seq, -99) << "list 1 written past its end at " << i;
+      continue;
+    }
+    EXPECT_TRUE(0 <= w.begin && w.begin <= w.end && w.end <= p.tokens) << i << ": " << w.begin << ".." << w.end;
+    EXPECT_LT(w.state_out, layout.slots);
+    EXPECT_LT(w.map, layout.slots);
+  }
+  for (std::size_t i = 0; i < list3.size(); ++i) {
+    const cuda::WalkSpan& w = list3[i];
+    if (i >= static_cast<std::size_t>(layout.cap3)) {
+      EXPECT_EQ(w.seq, -99) << "list 3 written past its end at " << i;
+      continue;
+    }
+    EXPECT_TRUE(0 <= w.begin && w.begin <= w.end && w.end <= p.tokens) << i;
+    EXPECT_LT(w.state_in, layout.slots);
+  }
+  EXPECT_EQ(seq_slots[8], -99);
+  for (int n = 0; n < 4; ++n)  // a sequence the scan walks has all its slots inside
+    if (seq_slots[2 * n + 1] >= 3) {
+      EXPECT_LE(seq_slots[2 * n] + seq_slots[2 * n + 1] - 1, layout.slots) << n;
+    }
+}

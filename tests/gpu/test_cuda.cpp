@@ -1188,6 +1188,9 @@ TEST_F(Cuda, ContextParallelPlanner) {
   o.segments = -1;
   expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::invalid_value,
                "options.segments", "got -1");
+  o.segments = 4;  // 64 sequences of 64 tokens: no sequence of two chunks to cut
+  expect_error([&] { Plan::create(problem(2, 8, 64, 64, true), o); }, Error::Kind::unsupported, "options.segments",
+               "two chunks or more");
   o.segments = 3;
   o.kernel = "cuda-fused-sm90-bf16-k128";
   expect_error([&] { Plan::create(problem(2, 8, 1, 4096, true), o); }, Error::Kind::invalid_value,
