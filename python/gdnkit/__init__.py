@@ -57,6 +57,7 @@ def chunk_gated_delta_rule(
     validate=False,
     kernel=None,
     segments=None,
+    max_seq_len=None,
 ):
     """The GDN prefill (chunked forward of the gated delta rule), like FLA's function of this name.
 
@@ -89,6 +90,9 @@ def chunk_gated_delta_rule(
             split long sequences where it pays, 1 never splits, k >= 2 requires segments of about
             1/k of the mean length (RuntimeError where the split cannot run: host arrays, a GPU
             other than H100/H200, a mean length under two chunks).
+        max_seq_len: optional hint, the longest sequence's length (C++ ``Problem::max_seq_len``):
+            lets the CUDA planner split a batch whose longest sequence is far above the mean.
+            Any value in [0, T] gives correct results; 0 or None: unknown.
 
     CUDA tensors run on the current stream of q's framework (``torch.cuda.current_stream``, CuPy's
     current stream), on q's device; outputs and scratch come from that framework's allocator on
@@ -108,4 +112,4 @@ def chunk_gated_delta_rule(
     """
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                    gate, state_layout, validate, stream, kernel, segments)
+                    gate, state_layout, validate, stream, kernel, segments, max_seq_len)

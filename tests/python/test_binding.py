@@ -354,6 +354,19 @@ def test_segments_on_host(rng):
         gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, segments="4")
 
 
+def test_max_seq_len_hint(rng):
+    """max_seq_len is a planning hint: any value in [0, T] gives the same answer; others are refused."""
+    q, k, v, g, beta = make_inputs(rng, (70,), 2, 2, 2, 32, 32)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
+    for hint in (0, 1, 70):
+        np.testing.assert_array_equal(gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, max_seq_len=hint)[0], o)
+    with pytest.raises(ValueError) as e:
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, max_seq_len=71)
+    assert "max_seq_len" in str(e.value) and "got 71" in str(e.value)
+    with pytest.raises(TypeError):
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, max_seq_len=7.5)
+
+
 def test_threads_share_nothing(rng):
     """Calls release the GIL and keep no shared buffers: concurrent calls give the serial answers."""
     inputs = [make_inputs(rng, (150,), 2, 2, 2, 32, 32) for _ in range(4)]
