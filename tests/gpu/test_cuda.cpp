@@ -89,6 +89,14 @@ Errors check_case(const Spec& spec, const std::string& what, std::string* kernel
   return e;
 }
 
+// A case whose outputs were downloaded after running `plan`: within tolerance of the oracle, and
+// reported.
+void check_downloaded(const std::string& what, const Case& c, const test::Reference& ref, const Plan& plan) {
+  const Errors e = test::compare(c, ref);
+  expect_within(c.spec, e);
+  report(what, c.spec, e, plan.kernel_name());
+}
+
 // Runs f; expects an Error of `kind` naming `argument` whose message contains `part`.
 void expect_error(const std::function<void()>& f, Error::Kind kind, const std::string& argument,
                   const std::string& part) {
@@ -678,11 +686,8 @@ TEST_F(Cuda, TwoStreams) {
   const Plan pa = Plan::create(da.problem(), test::suite_options(da.problem())),
              pb = Plan::create(db.problem(), test::suite_options(db.problem()));
   run_on_two_streams(pa, da, pb, db);
-  const Errors ea = test::compare(a, ra), eb = test::compare(b, rb);
-  expect_within(sa, ea);
-  expect_within(sb, eb);
-  report("two streams: A", sa, ea, pa.kernel_name());
-  report("two streams: B", sb, eb, pb.kernel_name());
+  check_downloaded("two streams: A", a, ra, pa);
+  check_downloaded("two streams: B", b, rb, pb);
 }
 
 // plan.run on d captured once into a CUDA graph, on a stream and with a workspace of its own;
@@ -730,9 +735,7 @@ TEST_F(Cuda, GraphCapture) {
   CapturedRun run(plan, d);
   run.replay();
   d.download(run.stream());
-  const Errors e1 = test::compare(c, r1);
-  expect_within(s, e1);
-  report("graph replay 1", s, e1, plan.kernel_name());
+  check_downloaded("graph replay 1", c, r1, plan);
 
   // New values (a different seed), outputs poisoned again, same device buffers.
   c.spec.seed = 1401;
@@ -742,9 +745,7 @@ TEST_F(Cuda, GraphCapture) {
   d.upload(run.stream());
   run.replay();
   d.download(run.stream());
-  const Errors e2 = test::compare(c, r2);
-  expect_within(s, e2);
-  report("graph replay 2 (new inputs)", s, e2, plan.kernel_name());
+  check_downloaded("graph replay 2 (new inputs)", c, r2, plan);
 }
 
 // ---- Errors the CUDA backend adds ------------------------------------------------------------------
@@ -1129,11 +1130,8 @@ TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   const Plan pa = Plan::create(da.problem(), o), pb = Plan::create(db.problem(), o);
   EXPECT_NE(std::string(pa.kernel_name()).find("-cp"), std::string::npos) << pa.kernel_name();
   run_on_two_streams(pa, da, pb, db);
-  const Errors ea = test::compare(a, ra), eb = test::compare(b, rb);
-  expect_within(sa, ea);
-  expect_within(sb, eb);
-  report("split, two streams: A", sa, ea, pa.kernel_name());
-  report("split, two streams: B", sb, eb, pb.kernel_name());
+  check_downloaded("split, two streams: A", a, ra, pa);
+  check_downloaded("split, two streams: B", b, rb, pb);
 
   // Graph: captured once, replayed on new inputs in the same buffers.
   a.spec.seed = 1712;
@@ -1144,9 +1142,7 @@ TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   da.upload(run.stream());
   run.replay();
   da.download(run.stream());
-  const Errors e2 = test::compare(a, r2);
-  expect_within(sa, e2);
-  report("split, graph replay", sa, e2, pa.kernel_name());
+  check_downloaded("split, graph replay", a, r2, pa);
 }
 
 // What the planner picks on its own (metadata only: nothing runs), and the errors of a request
