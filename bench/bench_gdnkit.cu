@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   std::string rows_path = "bench/rows.json", only, kernels, segments;
   bool json = false;
   int reps = 20;
+  float cutoff = 0.0f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rows" && i + 1 < argc) rows_path = argv[++i];
@@ -110,12 +111,14 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--kernels" && i + 1 < argc) kernels = argv[++i];
     else if (a == "--segments" && i + 1 < argc) segments = argv[++i];
+    else if (a == "--split-decay-cutoff" && i + 1 < argc) cutoff = std::strtof(argv[++i], nullptr);
     else if (a == "--json") json = true;
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--json]\n"
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--json]\n"
                            "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
                            "             planner's choice, side by side; rows a kernel cannot run are skipped\n"
-                           "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n");
+                           "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n"
+                           "  --split-decay-cutoff: Options::split_decay_cutoff of every plan (0: exact)\n");
       return 2;
     }
   }
@@ -149,6 +152,7 @@ int main(int argc, char** argv) {
       if (e == std::string::npos) e = segments.size();
       gdnkit::Options o;
       o.segments = std::atoi(segments.substr(b, e - b).c_str());
+      o.split_decay_cutoff = cutoff;
       b = e + 1;
       try {
         plans.push_back(gdnkit::Plan::create(p, o));
@@ -157,7 +161,9 @@ int main(int argc, char** argv) {
       }
     }
     if (kernels.empty() && segments.empty()) {
-      plans.push_back(gdnkit::Plan::create(p));
+      gdnkit::Options planner;
+      planner.split_decay_cutoff = cutoff;
+      plans.push_back(gdnkit::Plan::create(p, planner));
       if (std::string(plans[0].kernel_name()).find("-cp") != std::string::npos) {
         gdnkit::Options o;
         o.segments = 1;

@@ -171,6 +171,9 @@ Plan Plan::create(const Problem& problem, const Options& options) {
   impl->options = options;
   impl->options.kernel = nullptr;  // the caller's string need not outlive the plan
   impl->shape = detail::resolve_shape(problem);
+  if (!(options.split_decay_cutoff >= 0.0f && options.split_decay_cutoff < 1.0f))
+    fail(Error::Kind::invalid_value, "options.split_decay_cutoff", "a value in [0, 1) (0: exact)",
+         std::to_string(options.split_decay_cutoff));
   if (problem.memory == Memory::host) {
     if (options.backend == Backend::cuda)
       fail(Error::Kind::unsupported, "backend", "cpu or automatic for host memory", "cuda");

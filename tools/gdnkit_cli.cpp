@@ -34,6 +34,7 @@ struct Args {
   std::string backend = "auto";
   std::string kernel;  // empty: the planner's choice
   int segments = 0;    // Options::segments
+  float cutoff = 0.0f; // Options::split_decay_cutoff
   std::string dtype = "bf16";
   std::string gate = "log";
   std::string layout = "kv";
@@ -58,6 +59,7 @@ struct Args {
                "  --backend auto|cpu|cuda\n"
                "  --kernel NAME        run exactly this CUDA kernel (as the plan names it)\n"
                "  --segments K         CUDA: split each sequence into K segments (1: never; default: planner)\n"
+               "  --split-decay-cutoff C  CUDA: the split's decay shortcut, C in [0, 1) (default 0: exact)\n"
                "  --seed N             input seed (default 1)\n"
                "  --check N            (sequence, head) pairs checked against fp64 (default 6)\n"
                "  --repeat N           timed runs, median reported (default 3 CPU, 50 GPU)\n"
@@ -99,6 +101,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--backend") a.backend = next();
     else if (f == "--kernel") a.kernel = next();
     else if (f == "--segments") a.segments = std::atoi(next());
+    else if (f == "--split-decay-cutoff") a.cutoff = std::strtof(next(), nullptr);
     else if (f == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
     else if (f == "--check") a.check_pairs = std::atoi(next());
     else if (f == "--repeat") a.repeat = std::atoi(next());
@@ -208,6 +211,7 @@ Timing run_cpu(Workload& w, const Args& a) {
   opt.backend = gdnkit::Backend::cpu;
   opt.cpu_threads = a.threads;
   opt.segments = a.segments;  // a split request is refused here, not dropped
+  opt.split_decay_cutoff = a.cutoff;
   const gdnkit::Plan plan = gdnkit::Plan::create(w.problem, opt);
   std::vector<unsigned char> ws(plan.workspace_bytes());
   const int repeat = a.repeat > 0 ? a.repeat : 3;
@@ -242,6 +246,7 @@ Timing run_cuda(Workload& w, const Args& a) {
   opt.backend = gdnkit::Backend::cuda;
   if (!a.kernel.empty()) opt.kernel = a.kernel.c_str();
   opt.segments = a.segments;
+  opt.split_decay_cutoff = a.cutoff;
   const gdnkit::Plan plan = gdnkit::Plan::create(p, opt);
   auto upload = [](const auto& v) {
     void* d = nullptr;

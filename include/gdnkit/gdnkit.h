@@ -110,6 +110,14 @@ struct Options {
   // lengths are read on the device, no host copy of cu_seqlens is needed); unsupported where the
   // device cannot run it or that length is under two chunks. Not combined with `kernel`.
   int segments = 0;
+  // The decay shortcut of a split, in [0, 1): 0 (the default) is exact. c > 0 lets a segment skip
+  // the rest of its start state's transfer map once the gates summed from the segment's start
+  // fall below log(c): o and the final state may then differ from the exact result by up to c
+  // times the start state's size (per row and value column: scale |q_t| c |E[:, v]| for o; with
+  // gates <= 0 and beta |k|^2 <= 2, e.g. L2-normalised keys and beta in [0, 1]; docs/math.md). On
+  // decaying gates this removes most of the split's extra work, and the planner then assumes it
+  // does. No effect where no sequence is split (and on the CPU backend).
+  float split_decay_cutoff = 0.0f;
 };
 
 // Data pointers for one run. Shapes follow Problem:

@@ -58,6 +58,7 @@ def chunk_gated_delta_rule(
     kernel=None,
     segments=None,
     max_seq_len=None,
+    split_decay_cutoff=None,
 ):
     """The GDN prefill (chunked forward of the gated delta rule), like FLA's function of this name.
 
@@ -93,6 +94,11 @@ def chunk_gated_delta_rule(
         max_seq_len: optional hint, the longest sequence's length (C++ ``Problem::max_seq_len``):
             lets the CUDA planner split a batch whose longest sequence is far above the mean.
             Any value in [0, T] gives correct results; 0 or None: unknown.
+        split_decay_cutoff: the decay shortcut of a split (C++ ``Options::split_decay_cutoff``),
+            in [0, 1); None or 0: exact. c > 0 lets a segment drop its start state's influence
+            once the gates summed from the segment's start fall below log(c): o moves by at most
+            ``scale * |q_t| * c * |E[:, v]|`` (E the segment's start state) for gates <= 0 and
+            beta |k|^2 <= 2. No effect where no sequence is split.
 
     CUDA tensors run on the current stream of q's framework (``torch.cuda.current_stream``, CuPy's
     current stream), on q's device; outputs and scratch come from that framework's allocator on
@@ -112,4 +118,4 @@ def chunk_gated_delta_rule(
     """
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                    gate, state_layout, validate, stream, kernel, segments, max_seq_len)
+                    gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)

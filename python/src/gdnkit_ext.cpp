@@ -613,7 +613,7 @@ gdnkit::StateLayout parse_layout(std::string_view s) {
 nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle g_obj, nb::handle beta_obj,
                   nb::handle scale_obj, nb::handle h0_obj, nb::handle want_final_obj, nb::handle cu_obj,
                   nb::handle gate_obj, nb::handle layout_obj, nb::handle validate_obj, nb::handle stream_obj,
-                  nb::handle kernel_obj, nb::handle segments_obj, nb::handle max_len_obj) {
+                  nb::handle kernel_obj, nb::handle segments_obj, nb::handle max_len_obj, nb::handle cutoff_obj) {
   gdnkit::Problem p;
   // Borrowed from the str object, which the caller keeps alive for the whole call.
   const char* kernel = kernel_obj.is_none() ? nullptr : text_arg(kernel_obj, "kernel");
@@ -747,6 +747,11 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
     if (k < INT_MIN || k > INT_MAX) fail(Kind::invalid_value, "segments", "an int in the C int range", std::to_string(k));
     options.segments = static_cast<int>(k);
   }
+  if (!cutoff_obj.is_none()) {
+    if (!PyFloat_Check(cutoff_obj.ptr()) && !PyLong_Check(cutoff_obj.ptr()))
+      fail(Kind::invalid_type, "split_decay_cutoff", "a float or None", py_type_name(cutoff_obj));
+    options.split_decay_cutoff = static_cast<float>(nb::cast<double>(cutoff_obj));  // the planner checks the range
+  }
   if (!max_len_obj.is_none()) {
     if (!PyLong_Check(max_len_obj.ptr()))
       fail(Kind::invalid_type, "max_seq_len", "an int or None", py_type_name(max_len_obj));
@@ -855,5 +860,5 @@ NB_MODULE(_gdnkit, m) {
   m.def("_forward", &forward, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),
         "scale"_a.none(), "initial_state"_a.none(), "output_final_state"_a.none(), "cu_seqlens"_a.none(),
         "gate"_a.none(), "state_layout"_a.none(), "validate"_a.none(), "stream"_a.none(), "kernel"_a.none(),
-        "segments"_a.none(), "max_seq_len"_a.none(), "Runs the GDN prefill; see gdnkit.chunk_gated_delta_rule. Returns (o, final_state or None).");
+        "segments"_a.none(), "max_seq_len"_a.none(), "split_decay_cutoff"_a.none(), "Runs the GDN prefill; see gdnkit.chunk_gated_delta_rule. Returns (o, final_state or None).");
 }

@@ -267,10 +267,12 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
 // single-sequence rows (docs/perf-notes.md, "Context parallelism"): a fused walk-list CTA takes
 // about 5.4 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one,
 // plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves.
-// A scan step (one segment, launch gaps included) about 4.5 us, the four launches about 8 us. The
-// unsplit split-path walk takes 3.0 / 3.2 / 4.0 / 5.0 us per chunk with 1 / 2 / 4 / 8 warps per
-// CTA. The planner splits only where the estimate is under 85% of the unsplit one.
+// A scan step (one segment, launch gaps included) about 4.5 us, the four launches about 8 us; the
+// correction moves map_o and o (read and written) at about 1.8 TB/s. The unsplit split-path walk
+// takes 3.0 / 3.2 / 4.0 / 5.0 us per chunk with 1 / 2 / 4 / 8 warps per CTA. The planner splits
+// only where the estimate is under 85% of the unsplit one.
 constexpr double kStepFused128 = 5.4, kStepFused64 = 4.8, kScanStep = 4.5, kCpLaunches = 8.0;
+constexpr double kFixBytesPerUs = 1.8e6;
 
 double split_step(int warps) { return warps <= 1 ? 3.0 : warps == 2 ? 3.2 : warps == 4 ? 4.0 : 5.0; }
 double fused_step(int dvb) { return dvb == 128 ? kStepFused128 : kStepFused64; }
@@ -285,30 +287,36 @@ double unsplit_cost(const SplitKernel& k, const detail::Shape& s, int sms) {
 }
 
 struct CpChoice {
-  int nseg = 0, seg_tokens = 0, dvb1 = 0, dvb3 = 0;
+  int nseg = 0, seg_tokens = 0, dvb = 0;
   double cost = 0.0;
 };
 
 // The cheapest split of the problem's sequences (equal lengths) into nseg segments, nseg in
-// [lo, hi], over the value-block widths of both stages; nseg = 0 when none is possible.
-CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi) {
+// [lo, hi], over the value-block widths of stage 1; nseg = 0 when none is possible. With the decay
+// shortcut (cut) the map walks and the corrections are taken to stop after kCutChunks chunks (the
+// gates are on the device: this is the model of decaying gates the option is meant for).
+CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut) {
+  constexpr std::int64_t kCutChunks = 2;
   CpChoice best;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = (len + kChunk - 1) / kChunk;
+  const double row_bytes = static_cast<double>(s.H) * (2.0 * s.dk + 4.0 * s.dv);  // map_o, o read and written
   for (std::int64_t want = lo; want <= std::min<std::int64_t>(hi, chunks); ++want) {
     const std::int64_t seg_chunks = (chunks + want - 1) / want, nseg = (chunks + seg_chunks - 1) / seg_chunks;
     if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give
-    for (int dvb1 : {128, 64}) {
-      if (s.dk % dvb1 != 0 || s.dv % dvb1 != 0) continue;
-      for (int dvb3 : {128, 64}) {
-        if (s.dv % dvb3 != 0) continue;
-        const std::int64_t c1 = s.H * n * ((nseg - 1) * (s.dv / dvb1) + (nseg - 2) * (s.dk / dvb1));
-        const std::int64_t c3 = s.H * n * (nseg - 1) * (s.dv / dvb3);
-        const double cost = static_cast<double>(seg_chunks + 1) * (fused_step(dvb1) * static_cast<double>(waves(c1, sms)) +
-                                                               fused_step(dvb3) * static_cast<double>(waves(c3, sms))) +
-                            kScanStep * static_cast<double>(nseg - 2) + kCpLaunches;
-        if (best.nseg == 0 || cost < best.cost)
-          best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunk), dvb1, dvb3, cost};
-      }
+    for (int dvb : {128, 64}) {
+      if (s.dk % dvb != 0 || s.dv % dvb != 0) continue;
+      const std::int64_t cv = s.H * n * nseg * (s.dv / dvb), cm = s.H * n * (nseg - 1) * (s.dk / dvb);
+      // With the shortcut the rows are short and the fixed costs (the stop points, the scan over
+      // all heads, launch gaps) weigh more: measured on the H200 (perf-notes), about 10% more
+      // per chunk and 80 us more per call than the model of the exact split.
+      const double step = fused_step(dvb) * (cut ? 1.1 : 1.0);
+      const double stage1 =
+          cut ? step * static_cast<double>((seg_chunks + 1) * waves(cv, sms) + (kCutChunks + 1) * waves(cm, sms))
+              : step * static_cast<double>((seg_chunks + 1) * waves(cv + cm, sms));
+      const double fixed_rows = cut ? static_cast<double>(n * (nseg - 1) * kCutChunks * kChunk) : static_cast<double>(s.T);
+      const double cost = stage1 + (cut ? 0.5 : 1.0) * kScanStep * static_cast<double>(nseg - 1) +
+                          fixed_rows * row_bytes / kFixBytesPerUs + kCpLaunches + (cut ? 80.0 : 0.0);
+      if (best.nseg == 0 || cost < best.cost) best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunk), dvb, cost};
     }
   }
   return best;
@@ -344,31 +352,30 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   eq.T = eq.N * lmax;
   const std::int64_t chunks = (lmax + kChunk - 1) / kChunk;
   const int kseg = static_cast<int>(std::min<std::int64_t>(want, chunks));  // forced: fewer where short
-  const CpChoice best = best_split(eq, c.sm_count, forced ? kseg : 3, forced ? kseg : 64);
+  const float cutoff = options.split_decay_cutoff;
+  const CpChoice best = best_split(eq, c.sm_count, forced ? kseg : 2, forced ? kseg : 64, cutoff > 0.0f);
   if (best.nseg < 2)
     return unsupported("sequences of two chunks or more: the longest (Problem::max_seq_len) or else the mean is " +
                        str(lmax) + " tokens");
-  const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb1, true);
-  const SplitKernel* k3 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb3, true);
-  for (const SplitKernel* k : {k1, k3})
-    if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin))
-      return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
+  const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb, true);
+  if (k1 == nullptr || !walk_runs_on(*k1, c) || !fits(*k1, smem_optin))
+    return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
   if (!forced && !(best.cost < 0.85 * unsplit_cost(*c.split, eq, c.sm_count))) return;
-  const std::size_t bytes = cp_workspace(CpLayout::of(s.T, n, best.seg_tokens), n, static_cast<int>(s.H), s.dk, s.dv).bytes;
+  const std::size_t bytes =
+      cp_workspace(CpLayout::of(s.T, n, best.seg_tokens), n, s.T, static_cast<int>(s.H), s.dk, s.dv).bytes;
   if (!forced && bytes > (std::size_t(1) << 30)) return;  // not worth a gigabyte of scratch
   if (bytes > (std::size_t(16) << 30))  // e.g. a max_seq_len far below the real lengths: tiny segments
     return unsupported("at most 16 GiB of workspace; this split needs " + str(static_cast<std::int64_t>(bytes >> 20)) +
                        " MiB (segments of " + str(best.seg_tokens) + " tokens)");
   prepare_kernel(c.device, *k1);
-  prepare_kernel(c.device, *k3);
   c.cp_segments = best.nseg;
   c.cp_seg_tokens = best.seg_tokens;
   c.cp_stage1 = k1;
-  c.cp_stage3 = k3;
+  c.cp_cutoff = cutoff;
   c.workspace = bytes;
-  c.name = std::string(k3->name);
+  c.name = std::string(k1->name);
   c.name = c.name.substr(0, c.name.size() - std::string("-walks").size()) + "-cp" + str(best.nseg);
-  if (best.dvb1 != best.dvb3) c.name += "-maps-v" + str(best.dvb1);
+  if (cutoff > 0.0f) c.name += "-decay-cut";
 }
 
 }  // namespace
@@ -471,8 +478,9 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   if (c.workspace > 0) check_aligned("workspace", workspace);
   if (c.cp_segments >= 2) {
     const CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
-    const cudaError_t err = launch_cp(p, layout, *c.cp_stage1, *c.cp_stage3, static_cast<unsigned char*>(workspace),
-                                      reinterpret_cast<cudaStream_t>(stream));
+    const cudaError_t err =
+        launch_cp(p, layout, *c.cp_stage1, c.cp_cutoff, static_cast<unsigned char*>(workspace),
+                  reinterpret_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
       cudaGetLastError();
       throw Error(K::cuda, "launch",

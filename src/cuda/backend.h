@@ -27,11 +27,11 @@ struct Config {
   std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
   // Context parallelism (cp.h): segments per sequence (0: no split), tokens per segment, and the
-  // walk-list kernels of stage 1 (with the transfer maps) and stage 3. kernel names the split.
+  // walk-list kernel of stage 1 (with the transfer maps). kernel names the split.
   int cp_segments = 0;                     // of a sequence of the mean length
   int cp_seg_tokens = 0;
   const SplitKernel* cp_stage1 = nullptr;
-  const SplitKernel* cp_stage3 = nullptr;
+  float cp_cutoff = 0.0f;                  // Options::split_decay_cutoff (0: exact)
   std::string name;                        // kernel's storage when it is composed (the split)
 };
 

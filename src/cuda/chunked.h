@@ -30,7 +30,7 @@ constexpr std::size_t kWalkOrderBytes = 2 * 4 * kLongestFirstMaxSeqs;
 //   state_out  >= 0: the walk also writes its end state to walk_out[state_out].
 //   map        context parallelism (cp.cuh): >= 0: the map CTAs (blockIdx.x >= value_blocks) walk
 //              the identity through these tokens with V = 0 and write the transfer map M to
-//              map_out[map]; -1: they skip the walk.
+//              map_out[map] (and, with out, their "o" rows to map_o); -1: they skip the walk.
 //   out        the walk writes its rows of o.
 struct WalkSpan {
   std::int32_t seq = 0, begin = 0, end = 0, state_in = -1, last = 1, state_out = -1, map = -1, out = 1;
@@ -94,6 +94,14 @@ struct ChunkedParams {
   float* walk_out = nullptr;
   float* map_out = nullptr;
   int value_blocks = 0;
+  // The map CTAs' output rows, [T, H, dk] of the input type (null: they store none): row t of head
+  // h is the linear map from the walk's start state to o_t (o_t += map_o[t, h, :] . E).
+  void* map_o = nullptr;
+  std::int64_t map_o_token = 0;  // H dk
+  // The decay shortcut (cp.cuh, cp_stop_cta; null: exact): for map slot m and head h,
+  // map_end[2 (m H + h)] is the token where the map walk stops and [.. + 1] is 1 where the
+  // segment's start state is taken to have decayed away there (its M is then taken as zero).
+  const int* map_end = nullptr;
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;

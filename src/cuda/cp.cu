@@ -1,8 +1,9 @@
-// Context parallelism on one GPU: the walk-list builder, the scan kernel and the launch sequence
-// (cp.cuh describes the stages).
+// Context parallelism on one GPU: the list builder, the scan and correction kernels and the launch
+// sequence (cp.cuh describes the stages).
 #include "cuda/cp.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace gdnkit::cuda {
 
@@ -11,7 +12,7 @@ namespace {
 __global__ void __launch_bounds__(kCpBuildThreads) gdn_cp_build_kernel(const ChunkedParams p, const CpLayout c,
                                                                         WalkSpan* list1, WalkSpan* list3,
                                                                         int* seq_slots) {
-  __shared__ int sm[2 * kCpBuildThreads];
+  __shared__ int sm[3 * kCpBuildThreads];
   cp_build_lists<kCpBuildThreads>(p, c, list1, list3, seq_slots, sm, threadIdx.x);
 }
 
@@ -22,11 +23,30 @@ __global__ void __launch_bounds__(DK) gdn_cp_scan_kernel(const ChunkedParams p, 
   cp_scan_cta<DK>(p, seq_slots, E, M, xs, threadIdx.x);
 }
 
+constexpr int kCpStopThreads = 256;
+__global__ void __launch_bounds__(kCpStopThreads) gdn_cp_stop_kernel(const ChunkedParams p, const WalkSpan* list3,
+                                                                      float log_cutoff, int* map_end) {
+  __shared__ float sm[kCpStopThreads + 1];
+  cp_stop_cta<kCpStopThreads>(p, list3, log_cutoff, map_end, sm, threadIdx.x);
+}
+
+template <typename T, int DK>
+__global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const ChunkedParams p, const WalkSpan* list3,
+                                                                    std::int64_t count, const float* E,
+                                                                    const T* map_o) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // mma.sync on 16-bit operands (the split runs on sm_90a only)
+#else
+  __shared__ __align__(16) std::uint16_t es[cp_fix_smem_bytes<DK>() / 2];
+  cp_fix_cta<T, DK>(p, list3, count, E, map_o, es, threadIdx.x);
+#endif
+}
+
 std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
 
 }  // namespace
 
-CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, int heads, int dk, int dv) {
+CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t tokens, int heads, int dk, int dv) {
   CpWorkspace w;
   const auto slots = static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(heads);
   w.list1 = 0;
@@ -34,31 +54,42 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, int heads, int dk
   w.seq_slots = w.list3 + align256(static_cast<std::size_t>(c.cap3) * sizeof(WalkSpan));
   w.states = w.seq_slots + align256(static_cast<std::size_t>(seqs) * 2 * sizeof(int));
   w.maps = w.states + align256(slots * dk * dv * sizeof(float));
-  w.bytes = w.maps + align256(slots * dk * dk * sizeof(float));
+  w.map_o = w.maps + align256(slots * dk * dk * sizeof(float));
+  w.map_end = w.map_o + align256(static_cast<std::size_t>(tokens) * heads * dk * 2);
+  w.bytes = w.map_end + align256(slots * 2 * sizeof(int));
   return w;
 }
 
-cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const SplitKernel& k3,
+cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitKernel& k1, float cutoff,
                       unsigned char* ws, cudaStream_t stream) {
-  const int dk = k1.dk, dvb1 = 16 * k1.warps, dvb3 = 16 * k3.warps;
-  if (c.seg < kChunk || c.seg % kChunk != 0 || dk % dvb1 != 0 || p.dv % dvb1 != 0 || p.dv % dvb3 != 0 ||
-      k3.dk != dk || k3.dtype != k1.dtype || p.num_seqs < 1 || p.num_seqs > 65535 || c.cap1 < p.num_seqs)
+  ChunkedParams p = p_in;
+  const int dk = k1.dk, dvb1 = 16 * k1.warps;
+  if (c.seg < kChunk || c.seg % kChunk != 0 || dk % dvb1 != 0 || p.dv % dvb1 != 0 || p.dv % kCpFixCols != 0 ||
+      p.num_seqs < 1 || p.num_seqs > 65535 || c.cap1 < p.num_seqs)
     return cudaErrorInvalidValue;
-  const CpWorkspace w = cp_workspace(c, p.num_seqs, p.num_heads, dk, p.dv);
+  const CpWorkspace w = cp_workspace(c, p.num_seqs, p.tokens, p.num_heads, dk, p.dv);
   auto* const list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
   auto* const list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
   auto* const seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
   auto* const E = reinterpret_cast<float*>(ws + w.states);
   auto* const M = reinterpret_cast<float*>(ws + w.maps);
+  void* const map_o = ws + w.map_o;
   const auto H = static_cast<unsigned>(p.num_heads);
 
   gdn_cp_build_kernel<<<1, kCpBuildThreads, 0, stream>>>(p, c, list1, list3, seq_slots);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
+    auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
+    gdn_cp_stop_kernel<<<dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, 0, stream>>>(p, list3, std::log(cutoff),
+                                                                                               map_end);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    p.map_end = map_end;
+  }
 
-  FusedMaps maps;  // stage 1 and stage 3 read the same K, Q, V
+  FusedMaps maps;
   if (!encode_fused_maps(p, k1.dtype, dk, &maps)) return cudaErrorInvalidValue;
-
   ChunkedParams p1 = p;
   p1.longest_first = false;
   p1.walks = list1;
@@ -66,6 +97,8 @@ cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKern
   p1.walk_states = nullptr;
   p1.walk_out = E;
   p1.map_out = M;
+  p1.map_o = map_o;
+  p1.map_o_token = static_cast<std::int64_t>(p.num_heads) * dk;
   p1.value_blocks = p.dv / dvb1;
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H, static_cast<unsigned>(std::min<std::int64_t>(c.cap1, 65535)));
   err = launch_fused_encoded(k1, p1, maps, g1, stream);
@@ -79,13 +112,19 @@ cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKern
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  ChunkedParams p3 = p;
-  p3.longest_first = false;
-  p3.walks = list3;
-  p3.num_walks = c.cap3;
-  p3.walk_states = E;
-  const dim3 g3(static_cast<unsigned>(p.dv / dvb3), H, static_cast<unsigned>(std::min<std::int64_t>(c.cap3, 65535)));
-  return launch_fused_encoded(k3, p3, maps, g3, stream);
+  const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
+  const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,
+                static_cast<unsigned>(std::min<std::int64_t>(c.cap3, 65535)));
+  const bool bf16 = k1.dtype == DType::bf16;
+  if (bf16 && dk == 128)
+    gdn_cp_fix_kernel<__nv_bfloat16, 128><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __nv_bfloat16*>(map_o));
+  else if (bf16)
+    gdn_cp_fix_kernel<__nv_bfloat16, 64><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __nv_bfloat16*>(map_o));
+  else if (dk == 128)
+    gdn_cp_fix_kernel<__half, 128><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __half*>(map_o));
+  else
+    gdn_cp_fix_kernel<__half, 64><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __half*>(map_o));
+  return cudaGetLastError();
 }
 
 }  // namespace gdnkit::cuda

@@ -10,19 +10,20 @@
 
 namespace gdnkit::cuda {
 
-// The workspace of one split call: the two walk lists, the per-sequence slot table, the segments'
-// end states E and maps M.
+// The workspace of one split call: the two lists, the per-sequence slot table, the segments' end
+// states E and maps M, and the map CTAs' output rows ([T, H, dk], 16-bit).
 struct CpWorkspace {
-  std::size_t list1 = 0, list3 = 0, seq_slots = 0, states = 0, maps = 0, bytes = 0;  // offsets, total
+  std::size_t list1 = 0, list3 = 0, seq_slots = 0, states = 0, maps = 0, map_o = 0, map_end = 0,
+              bytes = 0;  // offsets, total
 };
-CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, int heads, int dk, int dv);
+CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t tokens, int heads, int dk, int dv);
 
-// Enqueues the three stages on stream (no host synchronisation): stage 1 on k1 (a walk-list fused
-// kernel whose value-column blocks divide dk: its map CTAs cover M), the scan, stage 3 on k3.
-// Both kernels must have been opted into their shared memory. p is the call's parameters as for
-// the unsplit kernel; ws holds cp_workspace(...).bytes, 16-byte aligned (its parts start at
-// multiples of 256 bytes from ws).
-cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const SplitKernel& k3,
+// Enqueues the launches on stream (no host synchronisation): the list builder, with cutoff > 0 the
+// decay shortcut's stop points (cp_stop_cta), stage 1 on k1 (a walk-list fused kernel, opted into
+// its shared memory, whose value-column blocks divide dk: its map CTAs cover M), the scan and the
+// correction. p is the call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
+// cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
+cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, float cutoff,
                       unsigned char* ws, cudaStream_t stream);
 
 }  // namespace gdnkit::cuda

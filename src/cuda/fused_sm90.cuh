@@ -313,11 +313,19 @@ __device__ __forceinline__ std::int64_t walk_count(const ChunkedParams& p) {
 __device__ __forceinline__ bool map_cta(const ChunkedParams& p) {
   return p.map_out != nullptr && static_cast<int>(blockIdx.x) >= p.value_blocks;
 }
+// The end of a map CTA's walk over list entry w: none without a map, else w.end or, with the
+// decay shortcut, where cp_stop_cta found the segment's start state decayed away.
+__device__ __forceinline__ int map_walk_end(const ChunkedParams& p, const WalkSpan& w) {
+  if (w.map < 0) return w.begin;
+  if (p.map_end == nullptr) return w.end;
+  const int e = p.map_end[2 * (static_cast<std::int64_t>(w.map) * p.num_heads + blockIdx.y)];
+  return e < w.begin ? w.begin : e > w.end ? w.end : e;
+}
 template <bool kWalks>
 __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* order, int i, int& bos, int& eos) {
   if constexpr (kWalks) {
     bos = p.walks[i].begin;
-    eos = map_cta(p) && p.walks[i].map < 0 ? bos : p.walks[i].end;  // map CTAs skip walks without a map
+    eos = map_cta(p) ? map_walk_end(p, p.walks[i]) : p.walks[i].end;
   } else {
     const std::int64_t n = p.longest_first ? order[i] : i;
     bos = static_cast<int>(seq_begin(p, n));
@@ -530,7 +538,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   const bool is_map = F::kWalks && map_cta(p);
   const int v0 = (is_map ? static_cast<int>(blockIdx.x) - p.value_blocks : static_cast<int>(blockIdx.x)) * F::DVB;
   const WalkLane l = walk_lane(warp, lane);
-  T* const oh = static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw;
+  // A map CTA's "o" rows (the start state's share of o) go to map_o, [T, H, dk].
+  T* const oh = is_map ? static_cast<T*>(p.map_o) + static_cast<std::int64_t>(h) * DK + v0 + l.cw
+                       : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw;
+  const std::int64_t o_token = is_map ? p.map_o_token : p.o_token;
   if (is_map) {  // V = 0 in both stages, for good (no copies land there); ordered by FULL
     for (int idx = tid; idx < int(2 * F::v_bytes / 16); idx += 128 * F::kStateWarpgroups)
       reinterpret_cast<uint4*>(F::v(smem, idx / int(F::v_bytes / 16)))[idx % int(F::v_bytes / 16)] =
@@ -552,10 +563,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     if constexpr (F::kWalks) {
       const WalkSpan w = p.walks[i];
       if (is_map && w.map < 0) continue;  // as the aux (walk_range)
-      bos = w.begin, eos = w.end;
+      bos = w.begin, eos = is_map ? map_walk_end(p, w) : w.end;
       if (w.state_in >= 0) start = p.walk_states, start_index = w.state_in;
       else if (w.state_in == kStateZero) start = nullptr;
-      write_o = w.out != 0 && !is_map;
+      write_o = w.out != 0 && (!is_map || p.map_o != nullptr);
     } else {
       bos = seq_begin(p, start_index), eos = seq_begin(p, start_index + 1);
     }
@@ -600,16 +611,16 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam)};
-      T* const orow0 = oh + c0 * p.o_token;
+      T* const orow0 = oh + c0 * o_token;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
       if (nrows > 0) {}
       else
 #endif
       switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
-        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, p.o_token); break;
+        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
+        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
+        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
+        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
       }
       named_arrive(F::kBarEmpty + j % 2, F::kThreads);
       probe.mark();

@@ -155,6 +155,18 @@ TEST(Errors, SegmentsOnCpu) {
   EXPECT_STREQ(Plan::create(small_problem(), o).kernel_name(), "cpu-chunked-fp32");
 }
 
+// The decay shortcut's cutoff is in [0, 1) on every backend (a no-op where nothing is split).
+TEST(Errors, SplitDecayCutoff) {
+  gdnkit::Options o;
+  for (float bad : {-0.5f, 1.0f, 2.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    o.split_decay_cutoff = bad;
+    expect_error([&] { Plan::create(small_problem(), o); }, V, "options.split_decay_cutoff",
+                 {"expected a value in [0, 1)"});
+  }
+  o.split_decay_cutoff = 1e-6f;
+  EXPECT_STREQ(Plan::create(small_problem(), o).kernel_name(), "cpu-chunked-fp32");
+}
+
 // max_seq_len is a hint, but an impossible one is refused.
 TEST(Errors, MaxSeqLen) {
   Problem p = small_problem();

@@ -497,44 +497,70 @@ TEST(Emulated, FusedWalkList) {
   }
 }
 
-// Context parallelism (cp.cuh): the walk lists built from the lengths, stage 1 with its map CTAs,
-// the scan and stage 3, as cp.cu launches them, against the fp64 oracle; the segment counts cover
-// no scan step (2), one and several, short last segments, a segment of one chunk, and in a packed
-// batch sequences that are not split at all (shorter than a segment, empty).
+// Context parallelism (cp.cuh): the lists built from the lengths, stage 1 with its map CTAs, the
+// scan and the correction, as cp.cu launches them, against the fp64 oracle; the segment counts
+// cover one scan step (2) and several, short last segments, a segment of one chunk, and in a
+// packed batch sequences that are not split at all (shorter than a segment, empty).
+// With cutoff > 0, the decay shortcut (cp_stop_cta first); E_out and map_end_out receive E (after
+// the scan) and the stop points.
 template <typename T, int DK>
-void emulate_cp(Case& c, int seg, int dvb1, int dvb3) {
+void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
+                std::vector<int>* map_end_out = nullptr) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
-  const cuda::ChunkedParams p = cuda::chunked_params(c.problem, s, c.tensors());
+  cuda::ChunkedParams p = cuda::chunked_params(c.problem, s, c.tensors());
   std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1)), list3(static_cast<std::size_t>(layout.cap3));
   std::vector<int> seq_slots(static_cast<std::size_t>(2 * n), -7);
-  std::vector<int> sm(2 * cuda::kCpBuildThreads);
+  std::vector<int> sm(3 * cuda::kCpBuildThreads);
   run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
     cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
                                                 threadIdx.x);
   });
-  // Every token is in exactly one walk that writes o, and every sequence's final state is written
-  // by exactly one walk.
-  std::vector<int> out(static_cast<std::size_t>(s.T), 0), last(static_cast<std::size_t>(n), 0);
-  for (const auto* list : {&list1, &list3})
-    for (const auto& w : *list) {
-      if (w.out)
-        for (int t = w.begin; t < w.end; ++t) ++out[static_cast<std::size_t>(t)];
-      if (w.last) ++last[static_cast<std::size_t>(w.seq)];
-    }
+  // Stage 1 walks every token once, writing o; a token after a sequence's first segment is
+  // corrected once; an unsplit sequence's final state comes from its walk, a split one's from the
+  // scan.
+  std::vector<int> out(static_cast<std::size_t>(s.T), 0), fixed(static_cast<std::size_t>(s.T), 0),
+      last(static_cast<std::size_t>(n), 0);
+  for (const auto& w : list1) {
+    if (w.out)
+      for (int t = w.begin; t < w.end; ++t) ++out[static_cast<std::size_t>(t)];
+    if (w.last) ++last[static_cast<std::size_t>(w.seq)];
+  }
+  for (const auto& w : list3)
+    for (int t = w.begin; t < w.end; ++t) ++fixed[static_cast<std::size_t>(t)];
   for (std::int64_t t = 0; t < s.T; ++t) ASSERT_EQ(out[static_cast<std::size_t>(t)], 1) << "token " << t;
-  for (std::int64_t m = 0; m < n; ++m) ASSERT_EQ(last[static_cast<std::size_t>(m)], 1) << "sequence " << m;
+  for (std::int64_t m = 0; m < n; ++m) {
+    const std::int64_t bos = c.starts[static_cast<std::size_t>(m)], len = c.starts[static_cast<std::size_t>(m) + 1] - bos;
+    ASSERT_EQ(last[static_cast<std::size_t>(m)], len > seg ? 0 : 1) << "sequence " << m;
+    ASSERT_EQ(seq_slots[static_cast<std::size_t>(2 * m + 1)], len > seg ? (len + seg - 1) / seg : 1) << "sequence " << m;
+    for (std::int64_t t = bos; t < bos + len; ++t)
+      ASSERT_EQ(fixed[static_cast<std::size_t>(t)], len > seg && t >= bos + seg ? 1 : 0) << "token " << t;
+  }
   const std::size_t slots = static_cast<std::size_t>(layout.slots * s.H);
   std::vector<float> E(std::max<std::size_t>(slots, 1) * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
   std::vector<float> M(std::max<std::size_t>(slots, 1) * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
+  // map_o poisoned: a row the correction reads and stage 1 did not write gives NaN in o.
+  std::vector<T> map_o(static_cast<std::size_t>(std::max<std::int64_t>(s.T, 1) * s.H * s.dk));
+  std::fill(map_o.begin(), map_o.end(), T{test::kNaN16});
   const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
+  std::vector<int> map_end(std::max<std::size_t>(slots, 1) * 2, -1);
+  if (cutoff > 0.0f && layout.cap3 > 0) {
+    static float ssm[257];
+    run_grid(dim3(static_cast<unsigned>(layout.cap3), static_cast<unsigned>(s.H), 1), 256, [&] {
+      cuda::cp_stop_cta<256>(p, list3.data(), std::log(cutoff), map_end.data(), ssm, threadIdx.x);
+    });
+    p.map_end = map_end.data();
+  }
+  if (map_end_out) *map_end_out = map_end;
 
   cuda::ChunkedParams p1 = p;
   p1.walks = list1.data();
   p1.num_walks = layout.cap1;
   p1.walk_out = E.data();
   p1.map_out = M.data();
+  p1.map_o = map_o.data();
+  p1.map_o_token = static_cast<std::int64_t>(s.H) * s.dk;
   p1.value_blocks = s.dv / dvb1;
   const dim3 g1(static_cast<unsigned>(s.dv / dvb1 + s.dk / dvb1), static_cast<unsigned>(s.H), z1);
   if (dvb1 == 128) emulate_fused<T, DK, 128, true>(p1, g1);
@@ -545,21 +571,20 @@ void emulate_cp(Case& c, int seg, int dvb1, int dvb3) {
   run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
            DK, [&] { cuda::cp_scan_cta<DK>(p, seq_slots.data(), E.data(), M.data(), xs, threadIdx.x); });
 
-  cuda::ChunkedParams p3 = p;
-  p3.walks = list3.data();
-  p3.num_walks = layout.cap3;
-  p3.walk_states = E.data();
-  const dim3 g3(static_cast<unsigned>(s.dv / dvb3), static_cast<unsigned>(s.H),
-                static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, 3)));
-  if (dvb3 == 128) emulate_fused<T, DK, 128, true>(p3, g3);
-  else emulate_fused<T, DK, 64, true>(p3, g3);
+  const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
+  alignas(16) static std::uint16_t es[cuda::cp_fix_smem_bytes<128>() / 2];
+  run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts), static_cast<unsigned>(s.H),
+                static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
+           cuda::kCpFixThreads,
+           [&] { cuda::cp_fix_cta<T, DK>(p, list3.data(), layout.cap3, E.data(), map_o.data(), es, threadIdx.x); });
+  if (E_out) *E_out = E;
 }
 
 TEST(Emulated, ContextParallel) {
   struct Run {
     std::vector<std::int64_t> lens;
     bool cu;
-    int dk, seg, dvb1, dvb3;
+    int dk, seg, dvb1, fix_z;
     bool init, in_place;
     StateLayout layout;
     test::Inputs inputs;
@@ -569,11 +594,13 @@ TEST(Emulated, ContextParallel) {
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
   constexpr auto hard = test::Inputs::hard, real = test::Inputs::realistic;
   const Run runs[] = {
-      {{300}, true, 128, 64, 128, 128, true, false, StateLayout::kv, hard, true},  // 5 segments, the last 44 tokens
-      {{300}, true, 128, 128, 64, 64, false, false, StateLayout::vk, real, false},  // 3 segments
-      {{200, 200}, false, 128, 128, 128, 64, true, true, StateLayout::vk, real, true},  // 2 segments each: no scan
-      {{192, 192}, false, 64, 64, 64, 64, true, false, StateLayout::kv, hard, true},    // 3 whole segments, dk 64
-      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 64, true, false, StateLayout::vk, hard, true},  // packed, uneven
+      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true},   // 5 segments, the last 44 tokens
+      {{300}, true, 128, 128, 64, 1, false, false, StateLayout::vk, real, false},  // 3 segments
+      {{200, 200}, false, 128, 128, 128, 3, true, true, StateLayout::vk, real, true},  // 2 segments each: one scan step
+      {{192, 192}, false, 64, 64, 64, 2, true, false, StateLayout::kv, hard, true},    // 3 whole segments, dk 64
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true},  // packed, uneven
+      {{300}, true, 128, 64, 64, 2, true, false, StateLayout::kv, hard, true},  // padded o rows (below)
+      {{1100}, true, 128, 576, 128, 1, true, false, StateLayout::kv, hard, false},  // segments of 9 chunks: 2 parts
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -590,14 +617,101 @@ TEST(Emulated, ContextParallel) {
     s.layout = r.layout;
     s.inputs = r.inputs;
     s.has_gate = r.gate;
+    if (k == 5) s.o_head_pad = 8, s.o_token_pad = 24;
     s.seed = 1600 + k++;
-    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1) + "/" +
-                 std::to_string(r.dvb3));
+    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1));
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
-    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.dvb3);
-    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.dvb3);
+    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z);
+    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z);
     expect_bf16_within(c, ref);
+  }
+}
+
+// The decay shortcut (Options::split_decay_cutoff). On realistic gates (a chunk decays the state
+// by about e^-50) every map walk stops after its first chunk and the result matches fp64 as the
+// exact split does. On weak decay with a loose cutoff the walks stop mid-segment and the result
+// moves away from the exact split's by no more than the documented bound: o rows before the stop
+// unchanged, after it |o - o_exact| <= scale |q_t| cutoff |E_0[:, v]|, and the final state's
+// column v within cutoff |E_0[:, v]| (one split point: E_0 is the first segment's end state).
+TEST(Emulated, ContextParallelDecayCut) {
+  {
+    Spec s;
+    s.lens = {70, 300, 200};
+    s.cu_seqlens = true;
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.seed = 1650;
+    Case c = test::random_case(s);
+    const test::Reference ref = test::run_reference(c);
+    std::vector<int> map_end;
+    emulate_cp<__nv_bfloat16, 128>(c, 128, 128, 2, 1e-6f, nullptr, &map_end);
+    expect_bf16_within(c, ref);
+    int cut = 0;
+    for (std::size_t m = 0; m + 1 < map_end.size(); m += 2) cut += map_end[m + 1] == 1;
+    EXPECT_EQ(cut, (2 + 1) * 2) << "segments after the first: 2 + 1, on 2 heads";
+  }
+  Spec s;
+  s.lens = {1000};
+  s.cu_seqlens = true;
+  s.Hq = s.Hk = 1;
+  s.Hv = 2;
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.final_state = true;
+  s.inputs = test::Inputs::hard;  // g in (-1e-3, 0]: about 0.97 per chunk
+  s.seed = 1651;
+  const float cutoff = 0.9f;
+  Case exact = test::random_case(s), cut = test::random_case(s);
+  std::vector<float> E;
+  std::vector<int> map_end;
+  emulate_cp<__nv_bfloat16, 128>(exact, 512, 128, 1, 0.0f, &E);
+  emulate_cp<__nv_bfloat16, 128>(cut, 512, 128, 1, cutoff, nullptr, &map_end);
+  const detail::Shape& sh = exact.shape;
+  for (int h = 0; h < sh.H; ++h) {
+    const int stop1 = map_end[2 * (1 * sh.H + h)];  // slot 1 (segment 1), head h
+    ASSERT_EQ(map_end[2 * (1 * sh.H + h) + 1], 1) << "head " << h << ": the map walk should stop";
+    ASSERT_GT(stop1, 512 + 64) << "head " << h;
+    ASSERT_LT(stop1, 1000) << "head " << h;
+    auto e0 = [&](int k, int v) {  // E_0 = E[slot 0], state layout kv
+      return static_cast<double>(E[(static_cast<std::size_t>(h) * sh.dk + k) * sh.dv + v]);
+    };
+    int differ = 0;
+    for (int t = 512; t < 1000; ++t) {
+      double qn = 0.0;
+      for (int k = 0; k < sh.dk; ++k) {
+        const double q = detail::bf16_to_float(exact.qkv[static_cast<std::size_t>(exact.q_off + t * sh.q.token + h / 2 * sh.q.head + k)]);
+        qn += q * q;
+      }
+      qn = std::sqrt(qn);
+      for (int v = 0; v < sh.dv; ++v) {
+        const std::int64_t i = t * sh.o.token + h * sh.o.head + v;
+        const double a = detail::bf16_to_float(exact.o.data()[i]), b = detail::bf16_to_float(cut.o.data()[i]);
+        if (t < stop1) {
+          ASSERT_EQ(a, b) << "row " << t << " before the stop, head " << h;
+          continue;
+        }
+        double en = 0.0;
+        for (int k = 0; k < sh.dk; ++k) en += e0(k, v) * e0(k, v);
+        const double bound = sh.scale * qn * cutoff * std::sqrt(en) + std::ldexp(std::fabs(a), -7);
+        ASSERT_LE(std::fabs(a - b), bound) << "row " << t << " column " << v << " head " << h;
+        differ += a != b;
+      }
+    }
+    EXPECT_GT(differ, 1000) << "the cut should change o after the stop";
+    for (int v = 0; v < sh.dv; ++v) {
+      double en = 0.0, dn = 0.0;
+      for (int k = 0; k < sh.dk; ++k) {
+        en += e0(k, v) * e0(k, v);
+        const std::size_t i = (static_cast<std::size_t>(h) * sh.dk + k) * sh.dv + v;
+        const double d = static_cast<double>(exact.fin.data()[i]) - cut.fin.data()[i];
+        dn += d * d;
+      }
+      EXPECT_LE(std::sqrt(dn), cutoff * std::sqrt(en) * 1.01 + 1e-6) << "final state column " << v << " head " << h;
+    }
   }
 }
 
@@ -610,12 +724,12 @@ TEST(Emulated, ContextParallelBadSeqlens) {
   p.has_cu_seqlens = true;
   p.num_seqs = 4;
   p.tokens = 1010;
-  const cuda::CpLayout layout = cuda::CpLayout::of(p.tokens, p.num_seqs, 128);  // 7 slots, lists of 11 and 7
+  const cuda::CpLayout layout = cuda::CpLayout::of(p.tokens, p.num_seqs, 128);  // 11 slots, lists of 11 and 7
   cuda::WalkSpan guard;
   guard.seq = -99;
   std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1) + 4, guard),
       list3(static_cast<std::size_t>(layout.cap3) + 4, guard);
-  std::vector<int> seq_slots(2 * 4 + 2, -99), sm(2 * cuda::kCpBuildThreads);
+  std::vector<int> seq_slots(2 * 4 + 2, -99), sm(3 * cuda::kCpBuildThreads);
   run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
     cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
                                                 threadIdx.x);
@@ -638,10 +752,11 @@ TEST(Emulated, ContextParallelBadSeqlens) {
     }
     EXPECT_TRUE(0 <= w.begin && w.begin <= w.end && w.end <= p.tokens) << i;
     EXPECT_LT(w.state_in, layout.slots);
+    EXPECT_LT(w.map, layout.slots);
   }
   EXPECT_EQ(seq_slots[8], -99);
   for (int n = 0; n < 4; ++n)  // a sequence the scan walks has all its slots inside
-    if (seq_slots[2 * n + 1] >= 3) {
-      EXPECT_LE(seq_slots[2 * n] + seq_slots[2 * n + 1] - 1, layout.slots) << n;
+    if (seq_slots[2 * n + 1] >= 2) {
+      EXPECT_LE(seq_slots[2 * n] + seq_slots[2 * n + 1], layout.slots) << n;
     }
 }

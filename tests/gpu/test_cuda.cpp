@@ -1070,6 +1070,8 @@ TEST_F(Cuda, ContextParallel) {
     Spec s = cp_spec({1000}, true, 128, 128, DType::f16, 1703);  // segments of 128 + a last one of 104
     s.inputs = Inputs::hard;
     s.initial_state = true;
+    s.o_head_pad = 8;  // padded o rows
+    s.o_token_pad = 24;
     runs.push_back({s, 8});
     s = cp_spec({700, 700, 700}, false, 64, 128, DType::bf16, 1704);
     s.inputs = Inputs::hard;
@@ -1113,6 +1115,30 @@ TEST_F(Cuda, ContextParallel) {
     // 16-bit copies of states that now start from other values).
     EXPECT_LT(es.o, 1.3 * ew.o + 1e-4) << ks << " vs " << kw;
     EXPECT_LT(es.state, 1.3 * ew.state + 1e-4) << ks << " vs " << kw;
+  }
+}
+
+// The decay shortcut (Options::split_decay_cutoff) on realistic gates (every segment's start
+// state decays to nothing within its first chunk): the error against fp64 is the exact split's,
+// in both dtypes, with GVA heads and a packed batch; the plan names the shortcut. (The bound on
+// weak decay is tested in the emulation, Emulated.ContextParallelDecayCut.)
+TEST_F(Cuda, ContextParallelDecayCut) {
+  if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
+  Spec a = cp_spec({4096}, true, 128, 128, DType::bf16, 1720);
+  a.initial_state = true;
+  Spec b = cp_spec({3000, 0, 700, 2500}, true, 128, 128, DType::f16, 1721);
+  b.layout = StateLayout::vk;
+  for (const Spec& s : {a, b}) {
+    gdnkit::Options cut, exact;
+    cut.segments = exact.segments = 6;
+    cut.split_decay_cutoff = 1e-6f;
+    std::string kc, ke;
+    const Errors ec = check_case(s, "split, decay cutoff 1e-6", &kc, cut);
+    const Errors ee = check_case(s, "split, exact", &ke, exact);
+    EXPECT_NE(kc.find("-decay-cut"), std::string::npos) << kc;
+    EXPECT_EQ(ke.find("-decay-cut"), std::string::npos) << ke;
+    EXPECT_LT(ec.o, 1.05 * ee.o + 1e-5) << kc << " vs " << ke;
+    EXPECT_LT(ec.state, 1.05 * ee.state + 1e-5) << kc << " vs " << ke;
   }
 }
 
@@ -1179,6 +1205,18 @@ TEST_F(Cuda, ContextParallelPlanner) {
   }
   EXPECT_EQ(many.find("-cp"), std::string::npos) << "256 walks fill the GPU";
   EXPECT_EQ(wide.find("-cp"), std::string::npos) << "256 walks fill the GPU";
+  // With the decay shortcut a split costs little more than the walk of its longest segment: the
+  // planner splits one long sequence of 32 or 64 heads too, but not a short one.
+  gdnkit::Options cut;
+  cut.split_decay_cutoff = 1e-6f;
+  const std::string next_long = Plan::create(problem(16, 32, 1, 65536, true), cut).kernel_name();
+  const std::string next_short = Plan::create(problem(16, 32, 1, 4096, true), cut).kernel_name();
+  const std::string exact_long = Plan::create(problem(16, 32, 1, 65536, true)).kernel_name();
+  std::printf("planner, decay cutoff 1e-6: qwen3next b1 t65536 -> %s (exact: %s), t4096 -> %s\n", next_long.c_str(),
+              exact_long.c_str(), next_short.c_str());
+  if (hopper) EXPECT_NE(next_long.find("-decay-cut"), std::string::npos) << next_long;
+  EXPECT_EQ(next_short.find("-cp"), std::string::npos) << next_short;
+  EXPECT_EQ(exact_long.find("-cp"), std::string::npos) << exact_long;
 
   gdnkit::Options o;
   o.segments = -1;

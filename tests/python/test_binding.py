@@ -354,6 +354,19 @@ def test_segments_on_host(rng):
         gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, segments="4")
 
 
+def test_split_decay_cutoff_on_host(rng):
+    """split_decay_cutoff= is checked on every backend ([0, 1)); on the host nothing is split."""
+    q, k, v, g, beta = make_inputs(rng, (70,), 2, 2, 2, 32, 32)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
+    np.testing.assert_array_equal(gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, split_decay_cutoff=1e-6)[0], o)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError) as e:
+            gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, split_decay_cutoff=bad)
+        assert "options.split_decay_cutoff" in str(e.value)
+    with pytest.raises(TypeError):
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, split_decay_cutoff="0.1")
+
+
 def test_max_seq_len_hint(rng):
     """max_seq_len is a planning hint: any value in [0, T] gives the same answer; others are refused."""
     q, k, v, g, beta = make_inputs(rng, (70,), 2, 2, 2, 32, 32)

@@ -143,6 +143,23 @@ def test_segments_split_matches_fp64():
     assert rel_l2(o3, ro) < 2e-2 and rel_l2(s3, rs) < 2e-2
 
 
+def test_split_decay_cutoff_matches_fp64():
+    """split_decay_cutoff= (the decay shortcut) on realistic gates: the exact split's accuracy."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the split runs on compute capability 9.0")
+    q, k, v, g, beta, h0, cu = make_inputs([3000, 1000], 2, 2, 4, 128, 128, seed=13)
+    scale = 128 ** -0.5
+    ro, rs = reference_fp64(q, k, v, g, beta, scale, h0, cu.tolist())
+    oe, se = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                           output_final_state=True, cu_seqlens=cu, segments=6)
+    oc, sc = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                           output_final_state=True, cu_seqlens=cu, segments=6,
+                                           split_decay_cutoff=1e-6)
+    print(f"\nACC gdnkit segments=6 cutoff 1e-6 o {rel_l2(oc, ro):.3e} state {rel_l2(sc, rs):.3e}  "
+          f"exact o {rel_l2(oe, ro):.3e} state {rel_l2(se, rs):.3e}")
+    assert rel_l2(oc, ro) < 1.05 * rel_l2(oe, ro) + 1e-5 and rel_l2(sc, rs) < 1.05 * rel_l2(se, rs) + 1e-5
+
+
 def test_graph_capture_replays_with_new_values():
     q, k, v, g, beta, h0, cu = make_inputs([200, 100], 2, 2, 2, 128, 128, seed=5)
     call = lambda: gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,  # noqa: E731
