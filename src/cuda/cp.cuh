@@ -20,6 +20,8 @@
 //     chunk-parallel product (E split into a 16-bit hi + lo pair, fp32 accumulation).
 // Every token's o is thus walked once (the unsplit kernel's work), plus one identity walk of dk
 // columns per segment after the first, instead of the two walks of a re-walk of each segment.
+// The decay shortcut (cutoff > 0) adds cp_stop_cta before stage 1: the identity walks then stop
+// where the segment's gates have decayed its start state below the cutoff (ChunkedParams::map_end).
 #pragma once
 
 #include <cfloat>
