@@ -635,17 +635,21 @@ TEST(Emulated, ContextParallel) {
 // unchanged, after it |o - o_exact| <= scale |q_t| cutoff |E_0[:, v]|, and the final state's
 // column v within cutoff |E_0[:, v]| (one split point: E_0 is the first segment's end state).
 TEST(Emulated, ContextParallelDecayCut) {
-  {
+  auto spec = [](std::vector<std::int64_t> lens, test::Inputs inputs, std::uint64_t seed) {
     Spec s;
-    s.lens = {70, 300, 200};
+    s.lens = std::move(lens);
     s.cu_seqlens = true;
     s.Hq = s.Hk = 1;
     s.Hv = 2;
     s.dk = s.dv = 128;
     s.initial_state = true;
     s.final_state = true;
-    s.seed = 1650;
-    Case c = test::random_case(s);
+    s.inputs = inputs;
+    s.seed = seed;
+    return s;
+  };
+  {
+    Case c = test::random_case(spec({70, 300, 200}, test::Inputs::realistic, 1650));
     const test::Reference ref = test::run_reference(c);
     std::vector<int> map_end;
     emulate_cp<__nv_bfloat16, 128>(c, 128, 128, 2, 1e-6f, nullptr, &map_end);
@@ -654,16 +658,7 @@ TEST(Emulated, ContextParallelDecayCut) {
     for (std::size_t m = 0; m + 1 < map_end.size(); m += 2) cut += map_end[m + 1] == 1;
     EXPECT_EQ(cut, (2 + 1) * 2) << "segments after the first: 2 + 1, on 2 heads";
   }
-  Spec s;
-  s.lens = {1000};
-  s.cu_seqlens = true;
-  s.Hq = s.Hk = 1;
-  s.Hv = 2;
-  s.dk = s.dv = 128;
-  s.initial_state = true;
-  s.final_state = true;
-  s.inputs = test::Inputs::hard;  // g in (-1e-3, 0]: about 0.97 per chunk
-  s.seed = 1651;
+  const Spec s = spec({1000}, test::Inputs::hard, 1651);  // g in (-1e-3, 0]: about 0.97 per chunk
   const float cutoff = 0.9f;
   Case exact = test::random_case(s), cut = test::random_case(s);
   std::vector<float> E;
