@@ -538,10 +538,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   const bool is_map = F::kWalks && map_cta(p);
   const int v0 = (is_map ? static_cast<int>(blockIdx.x) - p.value_blocks : static_cast<int>(blockIdx.x)) * F::DVB;
   const WalkLane l = walk_lane(warp, lane);
-  // A map CTA's "o" rows (the start state's share of o) go to map_o, [T, H, dk].
-  T* const oh = is_map ? static_cast<T*>(p.map_o) + static_cast<std::int64_t>(h) * DK + v0 + l.cw
-                       : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw;
-  const std::int64_t o_token = is_map ? p.map_o_token : p.o_token;
   if (is_map) {  // V = 0 in both stages, for good (no copies land there); ordered by FULL
     for (int idx = tid; idx < int(2 * F::v_bytes / 16); idx += 128 * F::kStateWarpgroups)
       reinterpret_cast<uint4*>(F::v(smem, idx / int(F::v_bytes / 16)))[idx % int(F::v_bytes / 16)] =
@@ -611,7 +607,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam)};
-      T* const orow0 = oh + c0 * o_token;
+      // A map CTA's "o" rows (the start state's share of o) go to map_o, [T, H, dk]. Recomputed
+      // per chunk from the parameters (opaque: not held in registers across the walk).
+      const bool to_map = opaque(static_cast<int>(is_map)) != 0;
+      const std::int64_t o_token = to_map ? p.map_o_token : p.o_token;
+      T* const orow0 = (to_map ? static_cast<T*>(p.map_o) + static_cast<std::int64_t>(h) * DK
+                               : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head) +
+                       v0 + l.cw + c0 * o_token;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
       if (nrows > 0) {}
       else
