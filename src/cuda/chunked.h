@@ -215,17 +215,19 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a 
 // device, for the planner's kernels).
 const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks = false);
 
-// The fused kernels' three TMA descriptors (K, Q, V) of one call, opaque: encoded once by
-// encode_fused_maps and shared by launch_fused_encoded calls over the same tensors with different
-// walk lists (context parallelism's two stages; encoding costs about a microsecond each).
+// The fused kernels' three TMA descriptors (K, Q, V) of one call, opaque: encoded by
+// encode_fused_maps for launch_fused_encoded (context parallelism's stage 1; encoding costs about a
+// microsecond each).
 struct alignas(128) FusedMaps {
   unsigned char bytes[3 * 128];
 };
 // False when the driver rejects a layout or no fused kernel was built.
 bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps);
-// Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps.
+// Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps; with after,
+// as a programmatic dependent launch (the walk-list variants wait for the kernel before them on
+// the stream before reading anything).
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, bool after = false);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

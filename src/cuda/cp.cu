@@ -42,6 +42,22 @@ __global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const Chunked
 #endif
 }
 
+// A programmatic dependent launch (pdl.cuh): the kernel may be scheduled before the one ahead of
+// it on the stream has finished, and waits for it in grid_dependency_wait.
+template <typename... Params, typename... Args>
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
 
 }  // namespace
@@ -81,9 +97,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   if (err != cudaSuccess) return err;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
     auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
-    gdn_cp_stop_kernel<<<dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, 0, stream>>>(p, list3, std::log(cutoff),
-                                                                                               map_end);
-    err = cudaGetLastError();
+    err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, stream, p,
+                       static_cast<const WalkSpan*>(list3), std::log(cutoff), map_end);
     if (err != cudaSuccess) return err;
     p.map_end = map_end;
   }
@@ -101,30 +116,36 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   p1.map_o_token = static_cast<std::int64_t>(p.num_heads) * dk;
   p1.value_blocks = p.dv / dvb1;
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H, static_cast<unsigned>(std::min<std::int64_t>(c.cap1, 65535)));
-  err = launch_fused_encoded(k1, p1, maps, g1, stream);
+  err = launch_fused_encoded(k1, p1, maps, g1, stream, /*after=*/true);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
   const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
+  const int* const ss = seq_slots;
+  const float* const Mc = M;
   if (dk == 128)
-    gdn_cp_scan_kernel<128><<<grid, 128, 0, stream>>>(p, seq_slots, E, M);
+    err = launch_after(gdn_cp_scan_kernel<128>, grid, 128, stream, p, ss, E, Mc);
   else
-    gdn_cp_scan_kernel<64><<<grid, 64, 0, stream>>>(p, seq_slots, E, M);
-  err = cudaGetLastError();
+    err = launch_after(gdn_cp_scan_kernel<64>, grid, 64, stream, p, ss, E, Mc);
   if (err != cudaSuccess) return err;
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
   const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,
                 static_cast<unsigned>(std::min<std::int64_t>(c.cap3, 65535)));
   const bool bf16 = k1.dtype == DType::bf16;
+  const WalkSpan* const l3 = list3;
+  const float* const Ec = E;
+  using BF = __nv_bfloat16;
   if (bf16 && dk == 128)
-    gdn_cp_fix_kernel<__nv_bfloat16, 128><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __nv_bfloat16*>(map_o));
-  else if (bf16)
-    gdn_cp_fix_kernel<__nv_bfloat16, 64><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __nv_bfloat16*>(map_o));
-  else if (dk == 128)
-    gdn_cp_fix_kernel<__half, 128><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __half*>(map_o));
-  else
-    gdn_cp_fix_kernel<__half, 64><<<g3, kCpFixThreads, 0, stream>>>(p, list3, c.cap3, E, static_cast<const __half*>(map_o));
-  return cudaGetLastError();
+    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+                        static_cast<const BF*>(map_o));
+  if (bf16)
+    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+                        static_cast<const BF*>(map_o));
+  if (dk == 128)
+    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+                        static_cast<const __half*>(map_o));
+  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+                      static_cast<const __half*>(map_o));
 }
 
 }  // namespace gdnkit::cuda

@@ -30,6 +30,7 @@
 #include "cuda/chunk_io.cuh"
 #include "cuda/chunked.h"
 #include "cuda/mma_sm80.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/wmma_common.cuh"
 
 namespace gdnkit::cuda {
@@ -147,6 +148,7 @@ template <int DK>
 __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* seq_slots, float* E, const float* M,
                                             float* xs, int tid) {
   constexpr int NC = kCpScanCols;
+  grid_dependency_wait();
   const int h = blockIdx.y, c0 = NC * blockIdx.x, i = tid;
   const std::int64_t n = blockIdx.z;
   const int nseg = seq_slots[2 * n + 1];
@@ -208,6 +210,7 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
 template <int NT>
 __device__ __forceinline__ void cp_stop_cta(const ChunkedParams& p, const WalkSpan* list3, float log_cutoff,
                                             int* map_end, float* sm, int tid) {
+  grid_dependency_wait();
   const WalkSpan w = list3[blockIdx.x];
   if (w.map < 0 || w.begin >= w.end) return;
   const int h = blockIdx.y;
@@ -290,6 +293,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
   float* const stage = reinterpret_cast<float*>(es + 2 * NC * PITCH) + warp * 16 * SP;
   const std::int64_t cs = p.state_vk ? DK : 1, ds = p.state_vk ? 1 : p.dv;  // column, key strides
   const std::int64_t mrow = static_cast<std::int64_t>(p.num_heads) * DK;  // map_o's token stride
+  grid_dependency_wait();
   for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
     const WalkSpan w = list3[i];
     // Rows past the map walk's end (the decay shortcut) have no map_o and no correction.

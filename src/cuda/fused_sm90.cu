@@ -118,8 +118,9 @@ bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* m
 }
 
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, bool after) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
+  if (after && p.walks == nullptr) return cudaErrorInvalidValue;  // only the walk-list variants wait
   if (p.tokens > INT32_MAX || p.num_seqs > INT32_MAX || p.num_walks > INT32_MAX) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
   FusedParams fp;
@@ -128,7 +129,17 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
   void* args[] = {&fp};
-  return cudaLaunchKernel(k.walk_func, grid, dim3(k.threads), args, k.walk_smem, stream);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(k.threads);
+  config.dynamicSmemBytes = k.walk_smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = after ? 1 : 0;
+  return cudaLaunchKernelExC(&config, k.walk_func, args);
 }
 
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }
@@ -137,7 +148,7 @@ SplitKernelList fused_walks_kernels() {
 }
 #else
 bool encode_fused_maps(const ChunkedParams&, DType, int, FusedMaps*) { return false; }
-cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t) {
+cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t, bool) {
   return cudaErrorInvalidValue;
 }
 SplitKernelList fused_kernels() { return {nullptr, 0}; }

@@ -39,6 +39,7 @@
 // modified.
 #pragma once
 
+#include "cuda/pdl.cuh"
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
 
@@ -659,6 +660,11 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     for (int s = 0; s < 3; ++s) mbar_init(F::kq_bar(smem, s), 1);
     for (int s = 0; s < 2; ++s) mbar_init(F::v_bar(smem, s), 1);
     mbar_init_fence();
+  }
+  if constexpr (F::kWalks) {
+    // A split's stage 1 may start while the kernel before it runs (cp.cu): the barriers and the
+    // descriptor prefetches above overlap it, the walk lists and stop points are read after it.
+    grid_dependency_wait();
   }
   if (fp.p.longest_first)
     rank_longest_first<F::kThreads>(fp.p, order, order + kLongestFirstMaxSeqs, tid);  // ends with a CTA barrier
