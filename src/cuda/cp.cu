@@ -97,8 +97,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   if (err != cudaSuccess) return err;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
     auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
-    err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, stream, p,
-                       static_cast<const WalkSpan*>(list3), std::log(cutoff), map_end);
+    err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, stream, p, list3,
+                       std::log(cutoff), map_end);
     if (err != cudaSuccess) return err;
     p.map_end = map_end;
   }
@@ -120,31 +120,27 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
   const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
-  const int* const ss = seq_slots;
-  const float* const Mc = M;
   if (dk == 128)
-    err = launch_after(gdn_cp_scan_kernel<128>, grid, 128, stream, p, ss, E, Mc);
+    err = launch_after(gdn_cp_scan_kernel<128>, grid, 128, stream, p, seq_slots, E, M);
   else
-    err = launch_after(gdn_cp_scan_kernel<64>, grid, 64, stream, p, ss, E, Mc);
+    err = launch_after(gdn_cp_scan_kernel<64>, grid, 64, stream, p, seq_slots, E, M);
   if (err != cudaSuccess) return err;
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
   const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,
                 static_cast<unsigned>(std::min<std::int64_t>(c.cap3, 65535)));
   const bool bf16 = k1.dtype == DType::bf16;
-  const WalkSpan* const l3 = list3;
-  const float* const Ec = E;
   using BF = __nv_bfloat16;
   if (bf16 && dk == 128)
-    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
                         static_cast<const BF*>(map_o));
   if (bf16)
-    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
                         static_cast<const BF*>(map_o));
   if (dk == 128)
-    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
                         static_cast<const __half*>(map_o));
-  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, stream, p, l3, c.cap3, Ec,
+  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
                       static_cast<const __half*>(map_o));
 }
 
