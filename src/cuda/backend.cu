@@ -368,6 +368,7 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
     return unsupported("at most 16 GiB of workspace; this split needs " + str(static_cast<std::int64_t>(bytes >> 20)) +
                        " MiB (segments of " + str(best.seg_tokens) + " tokens)");
   prepare_kernel(c.device, *k1);
+  check(cp_prepare(c.device), "cudaFuncSetAttribute");
   c.cp_segments = best.nseg;
   c.cp_seg_tokens = best.seg_tokens;
   c.cp_stage1 = k1;

@@ -4,59 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+
+#if GDNKIT_HAS_CUTLASS
+#include "cuda/cp.cuh"
+#endif
 
 namespace gdnkit::cuda {
 
 namespace {
-
-__global__ void __launch_bounds__(kCpBuildThreads) gdn_cp_build_kernel(const ChunkedParams p, const CpLayout c,
-                                                                        WalkSpan* list1, WalkSpan* list3,
-                                                                        int* seq_slots) {
-  __shared__ int sm[3 * kCpBuildThreads];
-  cp_build_lists<kCpBuildThreads>(p, c, list1, list3, seq_slots, sm, threadIdx.x);
-}
-
-template <int DK>
-__global__ void __launch_bounds__(DK) gdn_cp_scan_kernel(const ChunkedParams p, const int* seq_slots, float* E,
-                                                         const float* M) {
-  __shared__ __align__(16) float xs[DK * kCpScanCols];
-  cp_scan_cta<DK>(p, seq_slots, E, M, xs, threadIdx.x);
-}
-
-constexpr int kCpStopThreads = 256;
-__global__ void __launch_bounds__(kCpStopThreads) gdn_cp_stop_kernel(const ChunkedParams p, const WalkSpan* list3,
-                                                                      float log_cutoff, int* map_end) {
-  __shared__ float sm[kCpStopThreads + 1];
-  cp_stop_cta<kCpStopThreads>(p, list3, log_cutoff, map_end, sm, threadIdx.x);
-}
-
-template <typename T, int DK>
-__global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const ChunkedParams p, const WalkSpan* list3,
-                                                                    std::int64_t count, const float* E,
-                                                                    const T* map_o) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // mma.sync on 16-bit operands (the split runs on sm_90a only)
-#else
-  __shared__ __align__(16) std::uint16_t es[cp_fix_smem_bytes<DK>() / 2];
-  cp_fix_cta<T, DK>(p, list3, count, E, map_o, es, threadIdx.x);
-#endif
-}
-
-// A programmatic dependent launch (pdl.cuh): the kernel may be scheduled before the one ahead of
-// it on the stream has finished, and waits for it in grid_dependency_wait.
-template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
 
 std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
 
@@ -74,6 +30,81 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
   w.map_end = w.map_o + align256(static_cast<std::size_t>(tokens) * heads * dk * 2);
   w.bytes = w.map_end + align256(slots * 2 * sizeof(int));
   return w;
+}
+
+#if GDNKIT_HAS_CUTLASS
+
+namespace {
+
+__global__ void __launch_bounds__(kCpBuildThreads) gdn_cp_build_kernel(const ChunkedParams p, const CpLayout c,
+                                                                        WalkSpan* list1, WalkSpan* list3,
+                                                                        int* seq_slots) {
+  __shared__ int sm[3 * kCpBuildThreads];
+  cp_build_lists<kCpBuildThreads>(p, c, list1, list3, seq_slots, sm, threadIdx.x);
+}
+
+template <int DK>
+__global__ void __launch_bounds__(DK) gdn_cp_scan_kernel(const ChunkedParams p, const int* seq_slots, float* E,
+                                                         const float* M) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // bulk copies (the split runs on sm_90a only)
+#else
+  extern __shared__ __align__(16) unsigned char scan_sm[];  // cp_scan_smem_bytes<DK>()
+  cp_scan_cta<DK>(p, seq_slots, E, M, scan_sm, threadIdx.x);
+#endif
+}
+
+constexpr int kCpStopThreads = 256;
+__global__ void __launch_bounds__(kCpStopThreads) gdn_cp_stop_kernel(const ChunkedParams p, const WalkSpan* list3,
+                                                                      float log_cutoff, int* map_end) {
+  __shared__ float sm[kCpStopThreads + 1];
+  cp_stop_cta<kCpStopThreads>(p, list3, log_cutoff, map_end, sm, threadIdx.x);
+}
+
+template <typename T, int DK>
+__global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const ChunkedParams p, const WalkSpan* list3,
+                                                                    std::int64_t count, const float* E,
+                                                                    const T* map_o) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma (the split runs on sm_90a only)
+#else
+  extern __shared__ __align__(16) unsigned char fix_sm[];  // cp_fix_smem_bytes<DK>()
+  cp_fix_cta<T, DK>(p, list3, count, E, map_o, fix_sm, threadIdx.x);
+#endif
+}
+
+// A programmatic dependent launch (pdl.cuh): the kernel may be scheduled before the one ahead of
+// it on the stream has finished, and waits for it in grid_dependency_wait.
+template <typename... Params, typename... Args>
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
+                         Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+}  // namespace
+
+cudaError_t cp_prepare(int device) {
+  static std::mutex mutex;
+  static bool done[64] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device >= 0 && device < 64 && done[device]) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(gdn_cp_scan_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(cp_scan_smem_bytes<128>()));
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(gdn_cp_scan_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(cp_scan_smem_bytes<64>()));
+  if (err == cudaSuccess && device >= 0 && device < 64) done[device] = true;
+  return err;
 }
 
 cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitKernel& k1, float cutoff,
@@ -97,7 +128,7 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   if (err != cudaSuccess) return err;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
     auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
-    err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, stream, p, list3,
+    err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, 0, stream, p, list3,
                        std::log(cutoff), map_end);
     if (err != cudaSuccess) return err;
     p.map_end = map_end;
@@ -121,9 +152,9 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
 
   const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
   if (dk == 128)
-    err = launch_after(gdn_cp_scan_kernel<128>, grid, 128, stream, p, seq_slots, E, M);
+    err = launch_after(gdn_cp_scan_kernel<128>, grid, 128, cp_scan_smem_bytes<128>(), stream, p, seq_slots, E, M);
   else
-    err = launch_after(gdn_cp_scan_kernel<64>, grid, 64, stream, p, seq_slots, E, M);
+    err = launch_after(gdn_cp_scan_kernel<64>, grid, 64, cp_scan_smem_bytes<64>(), stream, p, seq_slots, E, M);
   if (err != cudaSuccess) return err;
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
@@ -132,16 +163,25 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   const bool bf16 = k1.dtype == DType::bf16;
   using BF = __nv_bfloat16;
   if (bf16 && dk == 128)
-    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
+    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), stream, p, list3, c.cap3, E,
                         static_cast<const BF*>(map_o));
   if (bf16)
-    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
+    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), stream, p, list3, c.cap3, E,
                         static_cast<const BF*>(map_o));
   if (dk == 128)
-    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
+    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), stream, p, list3, c.cap3, E,
                         static_cast<const __half*>(map_o));
-  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, stream, p, list3, c.cap3, E,
+  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), stream, p, list3, c.cap3, E,
                       static_cast<const __half*>(map_o));
 }
+
+#else  // no CUTLASS: no fused kernel, so no split either
+
+cudaError_t cp_prepare(int) { return cudaErrorNotSupported; }
+cudaError_t launch_cp(const ChunkedParams&, const CpLayout&, const SplitKernel&, float, unsigned char*, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+
+#endif
 
 }  // namespace gdnkit::cuda

@@ -29,26 +29,13 @@
 
 #include "cuda/chunk_io.cuh"
 #include "cuda/chunked.h"
+#include "cuda/cp.h"
 #include "cuda/mma_sm80.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/wgmma_sm90.cuh"
 #include "cuda/wmma_common.cuh"
 
 namespace gdnkit::cuda {
-
-struct CpLayout {
-  int seg = 0;                   // tokens per segment, a multiple of 64
-  std::int64_t cap1 = 0, cap3 = 0;  // list lengths: N + T / seg (sum of max(nseg_n, 1)), T / seg (of nseg_n - 1)
-  std::int64_t slots = 0;        // E and M slots: the sum of nseg_n over split sequences
-  static CpLayout of(std::int64_t tokens, std::int64_t seqs, int seg) {
-    // nseg_n <= floor(len_n / seg) + 1, and a split sequence has floor(len_n / seg) >= 1.
-    CpLayout c;
-    c.seg = seg;
-    c.cap3 = tokens / seg;
-    c.cap1 = seqs + c.cap3;
-    c.slots = c.cap3 + (seqs < c.cap3 ? seqs : c.cap3);
-    return c;
-  }
-};
 
 constexpr int kCpBuildThreads = 256;
 
@@ -140,64 +127,129 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
 
 constexpr int kCpScanCols = 8;  // value columns per scan CTA (dv / 8 CTAs per sequence and head)
 
+// The scan's shared memory: two buffers of M (DK x DK fp32 each), the running state X (DK x 8
+// fp32) and the buffers' two mbarriers.
+template <int DK>
+__host__ __device__ constexpr std::size_t cp_scan_smem_bytes() {
+  return (2 * std::size_t(DK) * DK + std::size_t(DK) * kCpScanCols) * 4 + 2 * 8;
+}
+
 // Stage 2 for (sequence blockIdx.z, head blockIdx.y, value columns [8 blockIdx.x, + 8)), by DK
-// threads: thread i owns row i of the running state X (dk x 8, in shared memory, xs: DK * 8
-// floats). M is column-major, so the threads' loads of one column are contiguous; each step loads
-// all of M's row and N's before it needs X (they do not depend on it). E is in p's state layout.
+// threads: thread i owns row i of the running state X (dk x 8, in shared memory). Each step's M
+// (column-major, so that thread i's reads of row i are conflict-free) arrives in shared memory by
+// one bulk copy that thread 0 issues two steps ahead, on the step's buffer's mbarrier: per-thread
+// global loads of M (128 per step) had stalled the step on the load queue (ncu: lg_throttle).
+// E is in p's state layout; in the kv layout a thread's 8 columns are 32 contiguous bytes.
+// sm: cp_scan_smem_bytes<DK>(), 16-byte aligned.
 template <int DK>
 __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* seq_slots, float* E, const float* M,
-                                            float* xs, int tid) {
+                                            unsigned char* sm, int tid) {
   constexpr int NC = kCpScanCols;
-  grid_dependency_wait();
+  float* const mbuf = reinterpret_cast<float*>(sm);  // [2][DK * DK]
+  float* const xs = mbuf + 2 * DK * DK;              // [DK][NC]
+  std::uint64_t* const bar = reinterpret_cast<std::uint64_t*>(xs + DK * NC);
   const int h = blockIdx.y, c0 = NC * blockIdx.x, i = tid;
   const std::int64_t n = blockIdx.z;
+  grid_dependency_wait();
   const int nseg = seq_slots[2 * n + 1];
   if (nseg < 2) return;  // not split
-  const std::int64_t cs = p.state_vk ? DK : 1, ds = p.state_vk ? 1 : p.dv;  // column, key strides
-  auto at = [&](std::int64_t gs, int col) {
-    return (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv + i * ds + (c0 + col) * cs;
-  };
+  if (tid == 0) {
+    mbar_init(&bar[0], 1);
+    mbar_init(&bar[1], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();  // the barriers initialised before any thread arms or waits on them
   const std::int64_t base = seq_slots[2 * n];
+  const bool vk = p.state_vk;
+  // E's row i, columns c0 .. c0 + 7 of slot gs (two 16-byte accesses in the kv layout).
+  auto row = [&](std::int64_t gs) { return (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv; };
+  auto load8 = [&](const float* e, float (&x)[NC]) {
+    if (!vk) {
+      const float4 a = *reinterpret_cast<const float4*>(e + i * p.dv + c0);
+      const float4 b = *reinterpret_cast<const float4*>(e + i * p.dv + c0 + 4);
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
 #pragma unroll
-  for (int j = 0; j < NC; ++j) xs[i * NC + j] = E[at(base, j)];
+      for (int j = 0; j < NC; ++j) x[j] = e[(c0 + j) * DK + i];
+    }
+  };
+  auto store8 = [&](float* e, const float (&x)[NC]) {
+    if (!vk) {
+      *reinterpret_cast<float4*>(e + i * p.dv + c0) = make_float4(x[0], x[1], x[2], x[3]);
+      *reinterpret_cast<float4*>(e + i * p.dv + c0 + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NC; ++j) e[(c0 + j) * DK + i] = x[j];
+    }
+  };
+  // The decay shortcut: step s's start state decayed away (the same for the whole CTA), M_s unused.
+  auto cut = [&](int s) {
+    return p.map_end != nullptr && p.map_end[2 * ((base + s) * p.num_heads + h) + 1] != 0;
+  };
+  auto issue = [&](int s) {  // thread 0: M_s into buffer s % 2
+    if (s >= nseg || cut(s)) return;
+    constexpr std::uint32_t bytes = DK * DK * 4;
+    mbar_expect_tx(&bar[s & 1], bytes);
+    bulk_load(mbuf + (s & 1) * DK * DK, M + ((base + s) * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK, bytes,
+              &bar[s & 1]);
+  };
+  if (tid == 0) {
+    issue(1);
+    issue(2);
+  }
+  {
+    float x[NC];
+    load8(E + row(base), x);
+#pragma unroll
+    for (int j = 0; j < NC; ++j) xs[i * NC + j] = x[j];
+  }
+  unsigned phase = 0;  // bit b: the parity of buffer b's next copy (its barrier's phase)
+  float nxt[NC];       // N_s, loaded a step ahead (its latency was a sixth of the step)
+  load8(E + row(base + 1), nxt);
   for (int s = 1; s < nseg; ++s) {
-    const std::int64_t gs = base + s;
+    float* const e = E + row(base + s);
     float acc[NC];
 #pragma unroll
-    for (int j = 0; j < NC; ++j) acc[j] = E[at(gs, j)];
-    // The decay shortcut: the segment's start state decayed away (the same for the whole CTA).
-    const bool cut = p.map_end != nullptr && p.map_end[2 * (gs * p.num_heads + h) + 1] != 0;
-    if (!cut) {  // else E_s = N_s: X is not read (each thread writes only its own row of it)
-      const float* const m = M + (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK + i;
-      float mi[DK];
-#pragma unroll
-      for (int k = 0; k < DK; ++k) mi[k] = m[k * DK];  // M[i][k]
+    for (int j = 0; j < NC; ++j) acc[j] = nxt[j];
+    if (s + 1 < nseg) load8(E + row(base + s + 1), nxt);
+    const bool skip = cut(s);
+    if (!skip) {  // else E_s = N_s: X is not read (each thread writes only its own row of it)
+      const float* const m = mbuf + (s & 1) * DK * DK + i;
+      mbar_wait(&bar[s & 1], (phase >> (s & 1)) & 1);
+      phase ^= 1u << (s & 1);
       __syncthreads();  // X of the previous step written
+      // Eight keys' loads issued before their products, so that one warp per scheduler keeps
+      // several shared-memory loads in flight.
+      constexpr int KB = 8;
 #pragma unroll
-      for (int k = 0; k < DK; ++k) {
-        const float4 x0 = *reinterpret_cast<const float4*>(xs + k * NC);
-        const float4 x1 = *reinterpret_cast<const float4*>(xs + k * NC + 4);
-        acc[0] = fmaf(mi[k], x0.x, acc[0]);
-        acc[1] = fmaf(mi[k], x0.y, acc[1]);
-        acc[2] = fmaf(mi[k], x0.z, acc[2]);
-        acc[3] = fmaf(mi[k], x0.w, acc[3]);
-        acc[4] = fmaf(mi[k], x1.x, acc[4]);
-        acc[5] = fmaf(mi[k], x1.y, acc[5]);
-        acc[6] = fmaf(mi[k], x1.z, acc[6]);
-        acc[7] = fmaf(mi[k], x1.w, acc[7]);
+      for (int k0 = 0; k0 < DK; k0 += KB) {
+        float mik[KB];
+        float4 x0[KB], x1[KB];
+#pragma unroll
+        for (int u = 0; u < KB; ++u) {
+          mik[u] = m[(k0 + u) * DK];  // M[i][k]
+          x0[u] = *reinterpret_cast<const float4*>(xs + (k0 + u) * NC);
+          x1[u] = *reinterpret_cast<const float4*>(xs + (k0 + u) * NC + 4);
+        }
+#pragma unroll
+        for (int u = 0; u < KB; ++u) {
+          acc[0] = fmaf(mik[u], x0[u].x, acc[0]);
+          acc[1] = fmaf(mik[u], x0[u].y, acc[1]);
+          acc[2] = fmaf(mik[u], x0[u].z, acc[2]);
+          acc[3] = fmaf(mik[u], x0[u].w, acc[3]);
+          acc[4] = fmaf(mik[u], x1[u].x, acc[4]);
+          acc[5] = fmaf(mik[u], x1[u].y, acc[5]);
+          acc[6] = fmaf(mik[u], x1[u].z, acc[6]);
+          acc[7] = fmaf(mik[u], x1[u].w, acc[7]);
+        }
       }
     }
-    __syncthreads();  // every thread is done reading X
+    __syncthreads();  // every thread is done reading X and this step's buffer
+    if (tid == 0) issue(s + 2);
 #pragma unroll
-    for (int j = 0; j < NC; ++j) {
-      xs[i * NC + j] = acc[j];
-      if (!cut) E[at(gs, j)] = acc[j];
-    }
-    if (s + 1 == nseg && p.want_final_state) {
-#pragma unroll
-      for (int j = 0; j < NC; ++j)
-        p.final_state[(n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv + i * ds + (c0 + j) * cs] = acc[j];
-    }
+    for (int j = 0; j < NC; ++j) xs[i * NC + j] = acc[j];
+    if (!skip) store8(e, acc);
+    if (s + 1 == nseg && p.want_final_state) store8(p.final_state + (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv, acc);
   }
 }
 
@@ -262,37 +314,51 @@ __device__ __forceinline__ void cp_stop_cta(const ChunkedParams& p, const WalkSp
 }
 
 // Stage 3: value columns per CTA, the chunks of a segment per CTA (its part of the segment), and
-// the shared-memory row pitch of E's 16-bit copies (in elements: 8 more than dk, so that the
-// lanes' rows fall into different banks); then each warp's staging tile of 16 rows x 32 fp32
-// products (pitch 36 floats).
+// each warp's staging tile of 16 rows x 32 fp32 products (pitch 36 floats).
 constexpr int kCpFixCols = 64, kCpFixChunks = 8, kCpFixThreads = 128, kCpFixStagePitch = 36;
+// E's 16-bit hi and lo copies as wgmma B tiles (128-byte swizzled, dk / 64 column blocks of 64
+// rows each), then the staging tiles; plus the slack that aligns the tiles to 1024 bytes.
 template <int DK>
-constexpr int kCpFixPitch = DK + 8;
+constexpr std::size_t kCpFixTileBytes = std::size_t(DK) * kCpFixCols * 2;
 template <int DK>
 __host__ __device__ constexpr std::size_t cp_fix_smem_bytes() {
-  return 2 * std::size_t(kCpFixCols) * kCpFixPitch<DK> * 2 + 4 * 16 * std::size_t(kCpFixStagePitch) * 4;
+  return 2 * kCpFixTileBytes<DK> + 4 * 16 * std::size_t(kCpFixStagePitch) * 4 + kSwizzleAtomBytes;
+}
+
+// The order of the keys in the correction's products. A lane's A fragments of one row (mma.sync's
+// layout: keys 16 kk + 8 h + 2 t + e for k-steps kk, halves h, pairs e) are read from memory as
+// 16-byte pieces: lane t's piece j is keys [8 (4 j + t), + 8) of the row, in which word w holds
+// k-step 2 j + w / 2, half w % 2. So product key kl stands for memory key cp_fix_memory_key(kl),
+// and E's rows are laid out in B in that order too (any order of the keys gives the same sum).
+__host__ __device__ constexpr int cp_fix_memory_key(int kl) {
+  const int kk = kl / 16, h = (kl / 8) % 2, t = (kl % 8) / 2, e = kl % 2;
+  return 32 * (kk / 2) + 8 * t + 2 * (2 * (kk % 2) + h) + e;
 }
 
 // Stage 3 for (value columns [64 (blockIdx.x % dv/64), + 64), part blockIdx.x / (dv/64) of each
-// segment, head blockIdx.y, list-3 entries blockIdx.z, + gridDim.z, ..), 4 warps: for each chunk,
-// warp w adds map_o[t] E (E: dk x 64 of the segment's start state) to rows t = 16 w .. 16 w + 15
-// of o, on m16n8k16 products with map_o rows as A (from global memory, the next chunk's loaded
-// while this one's run) and E as B, E split into hi + lo = E to about 2^-16 relative. The
-// products pass through shared memory so that o is read and written 16 bytes at a time (the CUDA
-// backend requires o 16-byte aligned with strides of multiples of 8 elements; es:
-// cp_fix_smem_bytes, [hi | lo][column][key], then the staging tiles).
+// segment, head blockIdx.y, list-3 entries blockIdx.z, + gridDim.z, ..), one warpgroup: for each
+// chunk of 64 rows t, o_t += map_o[t] E (E: dk x 64 of the segment's start state) on wgmma
+// (m64n64k16), map_o's rows as A from registers (warp w: rows 16 w .. 16 w + 15, loaded 16 bytes
+// at a time: cp_fix_memory_key) and E as B from shared memory, split into hi + lo = E to about
+// 2^-16 relative. The products pass through shared memory so that o is read and written 16 bytes
+// at a time (the CUDA backend requires o 16-byte aligned with strides of multiples of 8 elements).
+// es: cp_fix_smem_bytes<DK>().
 template <typename T, int DK>
 __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpan* list3, std::int64_t count,
-                                           const float* E, const T* map_o, std::uint16_t* es, int tid) {
-  constexpr int NC = kCpFixCols, PITCH = kCpFixPitch<DK>, SP = kCpFixStagePitch;
+                                           const float* E, const T* map_o, unsigned char* es, int tid) {
+  constexpr int NC = kCpFixCols, SP = kCpFixStagePitch, TB = static_cast<int>(kCpFixTileBytes<DK>);
   const int blocks = p.dv / NC, v0 = NC * (static_cast<int>(blockIdx.x) % blocks);
   const int part = static_cast<int>(blockIdx.x) / blocks, h = blockIdx.y;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  std::uint16_t* const hi = es;
-  std::uint16_t* const lo = es + NC * PITCH;
-  float* const stage = reinterpret_cast<float*>(es + 2 * NC * PITCH) + warp * 16 * SP;
+  unsigned char* const hi = es + ((kSwizzleAtomBytes - (smem_addr(es) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
+  unsigned char* const lo = hi + TB;
+  float* const stage = reinterpret_cast<float*>(lo + TB) + warp * 16 * SP;
   const std::int64_t cs = p.state_vk ? DK : 1, ds = p.state_vk ? 1 : p.dv;  // column, key strides
   const std::int64_t mrow = static_cast<std::int64_t>(p.num_heads) * DK;  // map_o's token stride
+  // B's k-step kk (16 product keys) of the hi or lo tile: column block kk / 4, 32 bytes per step.
+  auto desc = [&](const unsigned char* tile, int kk) {
+    return gmma_desc(tile + (kk / 4) * (NC * 128) + (kk % 4) * 32, 16, 1024);
+  };
   grid_dependency_wait();
   for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
     const WalkSpan w = list3[i];
@@ -304,42 +370,53 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
     int e = w.end < b + kCpFixChunks * kChunk ? w.end : b + kCpFixChunks * kChunk;
     e = wend < e ? wend : e;
     if (b >= e) continue;
-    __syncthreads();  // the previous entry's E is no longer read
+    __syncthreads();  // the previous entry's products (retired) no longer read the tiles
     const float* const src = E + (static_cast<std::int64_t>(w.state_in) * p.num_heads + h) * DK * p.dv + v0 * cs;
-    // Consecutive threads read consecutive addresses in either layout; 16 loads in flight per
-    // thread before any is used (one round trip per 16, not per element).
-    constexpr int kBatch = 16;
-    for (int base = 0; base < DK * NC; base += kBatch * kCpFixThreads) {
-      float xb[kBatch];
+    // E's dk x 64 block into the hi and lo tiles, a unit (column n, product keys 8 q8 .. + 7) at a
+    // time: one 16-byte store per tile, eight rows of a tile apart in consecutive threads (no bank
+    // conflicts); consecutive threads read consecutive columns. Every load is issued first.
+    constexpr int kUnits = DK * NC / 8 / kCpFixThreads, kBatch = 2;  // 16 loads in flight per thread
+#pragma unroll 1
+    for (int u0 = 0; u0 < kUnits; u0 += kBatch) {
+      float xb[kBatch][8];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int idx = base + u * kCpFixThreads + tid;
-        const int col = p.state_vk ? idx / DK : idx % NC, key = p.state_vk ? idx % DK : idx / NC;
-        xb[u] = src[col * cs + key * ds];
+        const int idx = (u0 + u) * kCpFixThreads + tid, n = idx % NC, q8 = idx / NC;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) xb[u][q] = src[n * cs + cp_fix_memory_key(8 * q8 + q) * ds];
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int idx = base + u * kCpFixThreads + tid;
-        const int col = p.state_vk ? idx / DK : idx % NC, key = p.state_vk ? idx % DK : idx / NC;
-        const std::uint32_t xh = pack2<T>(xb[u], 0.0f);
-        const float xr = xb[u] - unpack2<T>(xh).x;
-        hi[col * PITCH + key] = static_cast<std::uint16_t>(xh & 0xffffu);
-        lo[col * PITCH + key] = static_cast<std::uint16_t>(pack2<T>(xr, 0.0f) & 0xffffu);
+        const int idx = (u0 + u) * kCpFixThreads + tid, n = idx % NC, q8 = idx / NC;
+        std::uint32_t wh[4], wl[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          wh[q] = pack2<T>(xb[u][2 * q], xb[u][2 * q + 1]);
+          const float2 r = unpack2<T>(wh[q]);
+          wl[q] = pack2<T>(xb[u][2 * q] - r.x, xb[u][2 * q + 1] - r.y);
+        }
+        const std::uint32_t off = (q8 / 8) * (NC * 128) + swizzle128(n, q8 % 8);
+        *reinterpret_cast<uint4*>(hi + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
+        *reinterpret_cast<uint4*>(lo + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
       }
     }
+    gmma_smem_fence();  // the tiles' stores, before wgmma reads them
     __syncthreads();
-    // This lane's A fragments of one chunk: rows r, r + 8 (zero past e), keys 16 kk + 2t (+ 8).
+    // This lane's A fragments of one chunk: rows r0, r0 + 8, DK / 32 pieces of 16 bytes each.
+    // Rows at and past e read row e - 1 instead: a row of the product depends on its own row of A
+    // alone, and those rows' results are not stored. Unconditional loads stay in flight through
+    // the o update (a zero select after each one had waited for it there).
     std::uint32_t a[DK / 16][4];
     auto load_a = [&](int c0) {
       const int r0 = c0 + 16 * warp + g, r1 = r0 + 8;
-      const T* const m0 = map_o + r0 * mrow + h * DK + 2 * t;
-      const T* const m1 = map_o + r1 * mrow + h * DK + 2 * t;
+      const T* const m0 = map_o + static_cast<std::int64_t>(r0 < e ? r0 : e - 1) * mrow + h * DK + 8 * t;
+      const T* const m1 = map_o + static_cast<std::int64_t>(r1 < e ? r1 : e - 1) * mrow + h * DK + 8 * t;
 #pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk) {
-        a[kk][0] = r0 < e ? *reinterpret_cast<const std::uint32_t*>(m0 + 16 * kk) : 0u;
-        a[kk][1] = r1 < e ? *reinterpret_cast<const std::uint32_t*>(m1 + 16 * kk) : 0u;
-        a[kk][2] = r0 < e ? *reinterpret_cast<const std::uint32_t*>(m0 + 16 * kk + 8) : 0u;
-        a[kk][3] = r1 < e ? *reinterpret_cast<const std::uint32_t*>(m1 + 16 * kk + 8) : 0u;
+      for (int j = 0; j < DK / 32; ++j) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(m0 + 32 * j);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(m1 + 32 * j);
+        a[2 * j][0] = x0.x, a[2 * j][2] = x0.y, a[2 * j + 1][0] = x0.z, a[2 * j + 1][2] = x0.w;
+        a[2 * j][1] = x1.x, a[2 * j][3] = x1.y, a[2 * j + 1][1] = x1.z, a[2 * j + 1][3] = x1.w;
       }
     };
     load_a(b);
@@ -357,17 +434,21 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
             ov[half][k] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + r * p.o_token + h * p.o_head +
                                                           v0 + 32 * half + 8 * (idx % 4));
         }
-      float acc[NC / 8][4] = {};
+      float acc[NC / 2];  // m64n64's accumulator: C tile j (columns 8 j ..) at acc[4 j ..]
 #pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk)
+      for (int kk = 0; kk < DK / 16; ++kk) gmma_fence(a[kk]);
+      gmma_fence(acc);
+      gmma_arrive();
 #pragma unroll
-        for (int nt = 0; nt < NC / 8; ++nt) {
-          const int off = (8 * nt + g) * PITCH + 16 * kk + 2 * t;
-          mma16816<T>(acc[nt], a[kk], *reinterpret_cast<const std::uint32_t*>(hi + off),
-                      *reinterpret_cast<const std::uint32_t*>(hi + off + 8));
-          mma16816<T>(acc[nt], a[kk], *reinterpret_cast<const std::uint32_t*>(lo + off),
-                      *reinterpret_cast<const std::uint32_t*>(lo + off + 8));
-        }
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        gmma_rs<T, NC, false>(acc, a[kk], desc(hi, kk), kk > 0);
+        gmma_rs<T, NC, false>(acc, a[kk], desc(lo, kk), true);
+      }
+      gmma_commit();
+      gmma_wait<0>();
+      gmma_fence(acc);
+#pragma unroll
+      for (int kk = 0; kk < DK / 16; ++kk) gmma_fence(a[kk]);
       if (c0 + kChunk < e) load_a(c0 + kChunk);  // in flight during the o update
       // o (16-bit) += the products, rounded once; 32 columns at a time through the staging tile.
 #pragma unroll
@@ -377,7 +458,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
             *reinterpret_cast<float2*>(stage + (g + 8 * hh) * SP + 8 * nt + 2 * t) =
-                make_float2(acc[NC / 16 * half + nt][2 * hh], acc[NC / 16 * half + nt][2 * hh + 1]);
+                make_float2(acc[4 * (NC / 16 * half + nt) + 2 * hh], acc[4 * (NC / 16 * half + nt) + 2 * hh + 1]);
         __syncwarp();
 #pragma unroll
         for (int k = 0; k < 2; ++k) {

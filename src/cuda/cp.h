@@ -6,9 +6,25 @@
 #include <cstddef>
 
 #include "cuda/chunked.h"
-#include "cuda/cp.cuh"
 
 namespace gdnkit::cuda {
+
+// How a split cuts the sequences (cp.cuh describes the stages).
+struct CpLayout {
+  int seg = 0;                   // tokens per segment, a multiple of 64
+  std::int64_t cap1 = 0, cap3 = 0;  // list lengths: N + T / seg (sum of max(nseg_n, 1)), T / seg (of nseg_n - 1)
+  std::int64_t slots = 0;        // E and M slots: the sum of nseg_n over split sequences
+  static CpLayout of(std::int64_t tokens, std::int64_t seqs, int seg) {
+    // nseg_n <= floor(len_n / seg) + 1, and a split sequence has floor(len_n / seg) >= 1.
+    CpLayout c;
+    c.seg = seg;
+    c.cap3 = tokens / seg;
+    c.cap1 = seqs + c.cap3;
+    c.slots = c.cap3 + (seqs < c.cap3 ? seqs : c.cap3);
+    return c;
+  }
+};
+
 
 // The workspace of one split call: the two lists, the per-sequence slot table, the segments' end
 // states E and maps M, and the map CTAs' output rows ([T, H, dk], 16-bit).
@@ -24,6 +40,10 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
 // correction; every launch after the first is a programmatic dependent launch (pdl.cuh). p is the
 // call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
 // cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
+// Opts the split's kernels into their shared memory on `device` (the current device), once per
+// process and device; the planner calls it before it picks a split.
+cudaError_t cp_prepare(int device);
+
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, float cutoff,
                       unsigned char* ws, cudaStream_t stream);
 

@@ -163,6 +163,15 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, std::uin
       : "memory");
 }
 
+// A contiguous block of global memory (bytes: a multiple of 16, both addresses 16-byte aligned)
+// into shared memory by the TMA unit, completing `bar`'s expected transaction bytes.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(reinterpret_cast<std::uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
 // Host: the TMA descriptor of a [heads][tokens][cols] 16-bit tensor (strides in elements; any
 // stride of a dimension with one entry is ignored), boxes of 64 x 64 x 1, 128-byte swizzle, zeros
 // outside. False when the driver rejects it. Defined in fused_sm90.cu.

@@ -567,16 +567,16 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   else emulate_fused<T, DK, 64, true>(p1, g1);
   if (layout.cap3 == 0) return;
 
-  alignas(16) static float xs[128 * cuda::kCpScanCols];
+  static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
   run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
-           DK, [&] { cuda::cp_scan_cta<DK>(p, seq_slots.data(), E.data(), M.data(), xs, threadIdx.x); });
+           DK, [&] { cuda::cp_scan_cta<DK>(p, seq_slots.data(), E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
 
   const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
-  alignas(16) static std::uint16_t es[cuda::cp_fix_smem_bytes<128>() / 2];
+  static_assert(cuda::cp_fix_smem_bytes<128>() <= sizeof(cuda::smem_raw));
   run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts), static_cast<unsigned>(s.H),
                 static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
            cuda::kCpFixThreads,
-           [&] { cuda::cp_fix_cta<T, DK>(p, list3.data(), layout.cap3, E.data(), map_o.data(), es, threadIdx.x); });
+           [&] { cuda::cp_fix_cta<T, DK>(p, list3.data(), layout.cap3, E.data(), map_o.data(), cuda::smem_raw, threadIdx.x); });
   if (E_out) *E_out = E;
 }
 

@@ -15,6 +15,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <chrono>
+#include <thread>
 #include <vector>
 #include <cuda.h>
 #include "cuda/chunk_io.cuh"
@@ -172,10 +174,25 @@ struct TmaCopy {
 };
 inline std::mutex g_tma_mutex;
 inline std::vector<std::pair<std::uint64_t*, TmaCopy>> g_tma_pending;
-inline void mbar_init(std::uint64_t*, int) {}
+// A barrier is usable once initialised: mbar_init writes a marker into it (late, so that a thread
+// that waits on or arms a barrier without a CTA barrier after its initialisation reads the
+// 0xff bytes run_grid fills shared memory with, and aborts).
+constexpr std::uint64_t kMbarInitialised = 0x6d626172696e6974ull;
+inline void mbar_check(const std::uint64_t* bar, const char* what) {
+  std::uint64_t v;
+  std::memcpy(&v, bar, 8);
+  if (v != kMbarInitialised) {
+    std::fprintf(stderr, "mbarrier %s before its initialisation\n", what);
+    std::abort();
+  }
+}
+inline void mbar_init(std::uint64_t* bar, int) {
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  std::memcpy(bar, &kMbarInitialised, 8);
+}
 inline void mbar_init_fence() {}
 inline void tma_prefetch(const void*) {}
-inline void mbar_expect_tx(std::uint64_t*, std::uint32_t) {}
+inline void mbar_expect_tx(std::uint64_t* bar, std::uint32_t) { mbar_check(bar, "armed"); }
 inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int c0, int c1, int c2) {
   const CUtensorMap& m = *static_cast<const CUtensorMap*>(map_ptr);
   if (reinterpret_cast<std::uintptr_t>(dst) % 1024) { std::fprintf(stderr, "TMA box not 1024-byte aligned\n"); std::abort(); }
@@ -190,7 +207,18 @@ inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int 
   std::lock_guard<std::mutex> lock(g_tma_mutex);
   g_tma_pending.emplace_back(bar, std::move(c));
 }
+inline void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
+  if (reinterpret_cast<std::uintptr_t>(dst) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16) {
+    std::fprintf(stderr, "bulk copy not 16-byte aligned\n");
+    std::abort();
+  }
+  TmaCopy c{static_cast<unsigned char*>(dst), std::vector<unsigned char>(bytes)};
+  std::memcpy(c.bytes.data(), src, bytes);
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  g_tma_pending.emplace_back(bar, std::move(c));
+}
 inline void mbar_wait(std::uint64_t* bar, int) {
+  mbar_check(bar, "waited on");
   std::lock_guard<std::mutex> lock(g_tma_mutex);
   for (auto it = g_tma_pending.begin(); it != g_tma_pending.end();) {
     if (it->first == bar) {
