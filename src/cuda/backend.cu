@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -452,8 +453,27 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
   c.workspace = split->fused ? 0 : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
   plan_split(problem, s, options, c, smem_optin);
+  if (split->fused || c.cp_stage1 != nullptr) {
+    // The descriptors of any call of this problem, at a placeholder address that run() replaces.
+    Tensors at;
+    at.q = at.k = at.v = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+    FusedMaps maps;
+    c.has_fused_maps = encode_fused_maps(chunked_params(problem, s, at), problem.qkv_dtype, s.dk, &maps);
+    std::memcpy(c.fused_maps.data(), maps.bytes, sizeof maps.bytes);
+  }
   return c;
 }
+
+namespace {
+
+// The call's fused-kernel descriptors: the plan's, pointed at p's tensors (else encoded anew).
+bool call_fused_maps(const Config& c, const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps) {
+  if (!c.has_fused_maps) return encode_fused_maps(p, dtype, dk, maps);
+  std::memcpy(maps->bytes, c.fused_maps.data(), sizeof maps->bytes);
+  return rebase_fused_maps(maps, p);
+}
+
+}  // namespace
 
 void run(const Problem& problem, const detail::Shape& s, const Config& c, const Tensors& t, void* workspace,
          Stream stream) {
@@ -477,10 +497,16 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   p.longest_first = c.longest_first;
 
   if (c.workspace > 0) check_aligned("workspace", workspace);
+  FusedMaps maps;
+  const bool fused = c.cp_segments >= 2 || c.split->fused;
+  if (fused && !call_fused_maps(c, p, problem.qkv_dtype, s.dk, &maps))
+    throw Error(K::cuda, "launch",
+                std::string("launch: ") + (c.cp_segments >= 2 ? c.name.c_str() : c.kernel) +
+                    " failed: the driver refused the TMA descriptors of q, k or v");
   if (c.cp_segments >= 2) {
     const CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
     const cudaError_t err =
-        launch_cp(p, layout, *c.cp_stage1, c.cp_cutoff, static_cast<unsigned char*>(workspace),
+        launch_cp(p, layout, *c.cp_stage1, maps, c.cp_cutoff, static_cast<unsigned char*>(workspace),
                   reinterpret_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -493,7 +519,8 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
                   static_cast<unsigned>(c.walk_z));
   // No chunks, no prep (the walk still writes the final state).
   const dim3 prep_grid(s.T > 0 ? static_cast<unsigned>(c.slots) : 0u, static_cast<unsigned>(s.H));
-  const cudaError_t err = c.split->launch(p, prep_grid, grid, reinterpret_cast<cudaStream_t>(stream));
+  const cudaError_t err = fused ? launch_fused_encoded(*c.split, p, maps, grid, reinterpret_cast<cudaStream_t>(stream))
+                                : c.split->launch(p, prep_grid, grid, reinterpret_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: the error is reported by the exception
     throw Error(K::cuda, "launch",

@@ -2,6 +2,7 @@
 // in the .cu files beside it.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -33,6 +34,11 @@ struct Config {
   const SplitKernel* cp_stage1 = nullptr;
   float cp_cutoff = 0.0f;                  // Options::split_decay_cutoff (0: exact)
   std::string name;                        // kernel's storage when it is composed (the split)
+  // The fused kernels' TMA descriptors (K, Q, V; chunked.h FusedMaps), encoded here for the
+  // problem's shapes and strides: run() only replaces their addresses (encoding costs about a
+  // microsecond each on the host). Empty when no fused kernel runs or the driver refused them.
+  std::array<unsigned char, 3 * 128> fused_maps{};
+  bool has_fused_maps = false;
 };
 
 // True when a usable CUDA device is present (no exception).

@@ -216,13 +216,16 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a 
 const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks = false);
 
 // The fused kernels' three TMA descriptors (K, Q, V) of one call, opaque: encoded by
-// encode_fused_maps for launch_fused_encoded (context parallelism's stage 1; encoding costs about a
-// microsecond each).
+// encode_fused_maps (about a microsecond each) or rebased from the plan's (rebase_fused_maps) for
+// launch_fused_encoded.
 struct alignas(128) FusedMaps {
   unsigned char bytes[3 * 128];
 };
 // False when the driver rejects a layout or no fused kernel was built.
 bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps);
+// Points maps, encoded for a problem of p's shapes and strides (any addresses), at p's k, q and v
+// (cuTensorMapReplaceAddress: a fraction of an encoding's cost). False when the driver refuses.
+bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p);
 // Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps; with after,
 // as a programmatic dependent launch (the walk-list variants wait for the kernel before them on
 // the stream before reading anything).

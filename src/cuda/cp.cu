@@ -107,8 +107,8 @@ cudaError_t cp_prepare(int device) {
   return err;
 }
 
-cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitKernel& k1, float cutoff,
-                      unsigned char* ws, cudaStream_t stream) {
+cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
+                      float cutoff, unsigned char* ws, cudaStream_t stream) {
   ChunkedParams p = p_in;
   const int dk = k1.dk, dvb1 = 16 * k1.warps;
   if (c.seg < kChunk || c.seg % kChunk != 0 || dk % dvb1 != 0 || p.dv % dvb1 != 0 || p.dv % kCpFixCols != 0 ||
@@ -134,8 +134,6 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
     p.map_end = map_end;
   }
 
-  FusedMaps maps;
-  if (!encode_fused_maps(p, k1.dtype, dk, &maps)) return cudaErrorInvalidValue;
   ChunkedParams p1 = p;
   p1.longest_first = false;
   p1.walks = list1;
@@ -178,7 +176,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
 #else  // no CUTLASS: no fused kernel, so no split either
 
 cudaError_t cp_prepare(int) { return cudaErrorNotSupported; }
-cudaError_t launch_cp(const ChunkedParams&, const CpLayout&, const SplitKernel&, float, unsigned char*, cudaStream_t) {
+cudaError_t launch_cp(const ChunkedParams&, const CpLayout&, const SplitKernel&, const FusedMaps&, float, unsigned char*,
+                      cudaStream_t) {
   return cudaErrorNotSupported;
 }
 

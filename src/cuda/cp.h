@@ -36,7 +36,8 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
 
 // Enqueues the launches on stream (no host synchronisation): the list builder, with cutoff > 0 the
 // decay shortcut's stop points (cp_stop_cta), stage 1 on k1 (a walk-list fused kernel, opted into
-// its shared memory, whose value-column blocks divide dk: its map CTAs cover M), the scan and the
+// its shared memory, whose value-column blocks divide dk: its map CTAs cover M; maps: the call's
+// K, Q and V descriptors for it, chunked.h), the scan and the
 // correction; every launch after the first is a programmatic dependent launch (pdl.cuh). p is the
 // call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
 // cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
@@ -44,7 +45,7 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
 // process and device; the planner calls it before it picks a split.
 cudaError_t cp_prepare(int device);
 
-cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, float cutoff,
-                      unsigned char* ws, cudaStream_t stream);
+cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
+                      float cutoff, unsigned char* ws, cudaStream_t stream);
 
 }  // namespace gdnkit::cuda

@@ -117,6 +117,26 @@ bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* m
   return true;
 }
 
+bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
+  if (p.tokens == 0) return true;  // no copies: the descriptors are never read
+  static const PFN_cuTensorMapReplaceAddress_v12000 replace = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapReplaceAddress_v12000>(fn);
+  }();
+  if (replace == nullptr) return false;
+  auto* const m = reinterpret_cast<CUtensorMap*>(maps->bytes);
+  return replace(&m[0], const_cast<void*>(p.k)) == CUDA_SUCCESS &&
+         replace(&m[1], const_cast<void*>(p.q)) == CUDA_SUCCESS &&
+         replace(&m[2], const_cast<void*>(p.v)) == CUDA_SUCCESS;
+}
+
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                                  cudaStream_t stream, bool after) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
@@ -148,6 +168,7 @@ SplitKernelList fused_walks_kernels() {
 }
 #else
 bool encode_fused_maps(const ChunkedParams&, DType, int, FusedMaps*) { return false; }
+bool rebase_fused_maps(FusedMaps*, const ChunkedParams&) { return false; }
 cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t, bool) {
   return cudaErrorInvalidValue;
 }
