@@ -17,20 +17,27 @@
 namespace gdnkit::cuda {
 
 #if GDNKIT_HAS_CUTLASS
+namespace {
+
+// A driver function (of its CUDA 12.0 signature PFN), or nullptr where the driver lacks it.
+template <typename PFN>
+PFN driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    fn = nullptr;
+  }
+  return reinterpret_cast<PFN>(fn);
+}
+
+}  // namespace
+
 bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t cols, std::int64_t tokens,
                      int heads, std::int64_t token_stride, std::int64_t head_stride) {
   // The driver's encoder, looked up once per process.
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  static const auto encode = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   if (encode == nullptr) return false;
   // A dimension of one entry may have any stride (the shape checks skip it); TMA wants a
   // multiple of 16 bytes, so such a stride is replaced by the next dimension's extent.
@@ -119,17 +126,7 @@ bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* m
 
 bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
   if (p.tokens == 0) return true;  // no copies: the descriptors are never read
-  static const PFN_cuTensorMapReplaceAddress_v12000 replace = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapReplaceAddress_v12000>(fn);
-  }();
+  static const auto replace = driver_entry<PFN_cuTensorMapReplaceAddress_v12000>("cuTensorMapReplaceAddress");
   if (replace == nullptr) return false;
   auto* const m = reinterpret_cast<CUtensorMap*>(maps->bytes);
   return replace(&m[0], const_cast<void*>(p.k)) == CUDA_SUCCESS &&
