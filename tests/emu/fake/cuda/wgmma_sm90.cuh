@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <chrono>
+#include <condition_variable>
 #include <thread>
 #include <vector>
 #include <cuda.h>
@@ -166,14 +168,27 @@ inline void named_arrive(int id, int count) {
 inline void reset_named_barriers() {
   for (auto& b : g_named) b.reset();
 }
-// TMA and mbarriers. A copy is recorded at issue and lands when a thread waits on its barrier
-// (so a read before the wait sees stale bytes); the parity argument is not modelled.
+// TMA and mbarriers. A copy is recorded at issue and lands when a thread's wait on its barrier
+// returns (so a read before the wait sees stale bytes). Phases as the hardware has them: each
+// mbar_expect_tx arms the barrier's next phase with a byte count, and the phase completes once
+// copies of that many bytes have been issued on it. mbar_wait(bar, parity) blocks, as
+// try_wait.parity spins, while the phase in progress (the first not completed; phase c after c
+// completed ones) has that parity, then lands the completed phases' copies. A wait that nothing
+// satisfies within seconds aborts (a wrong parity ends there or reads stale bytes), and so does
+// arming a phase before the previous one completed.
 struct TmaCopy {
   unsigned char* dst;
   std::vector<unsigned char> bytes;
+  unsigned phase = 0;  // the phase it completes (1-based: the barrier's armed count at issue)
+};
+struct MbarPhase {
+  unsigned armed = 0;                        // phases armed since the initialisation
+  std::uint64_t expected = 0, issued = 0;    // bytes of the latest phase
 };
 inline std::mutex g_tma_mutex;
 inline std::vector<std::pair<std::uint64_t*, TmaCopy>> g_tma_pending;
+inline std::map<const std::uint64_t*, MbarPhase> g_mbar;  // guarded by g_tma_mutex
+inline std::condition_variable g_mbar_changed;            // a phase armed or a copy issued
 // A barrier is usable once initialised: mbar_init writes a marker into it (late, so that a thread
 // that waits on or arms a barrier without a CTA barrier after its initialisation reads the
 // 0xff bytes run_grid fills shared memory with, and aborts).
@@ -188,11 +203,34 @@ inline void mbar_check(const std::uint64_t* bar, const char* what) {
 }
 inline void mbar_init(std::uint64_t* bar, int) {
   std::this_thread::sleep_for(std::chrono::microseconds(200));
+  {
+    std::lock_guard<std::mutex> lock(g_tma_mutex);
+    g_mbar[bar] = MbarPhase{};
+  }
   std::memcpy(bar, &kMbarInitialised, 8);
 }
 inline void mbar_init_fence() {}
 inline void tma_prefetch(const void*) {}
-inline void mbar_expect_tx(std::uint64_t* bar, std::uint32_t) { mbar_check(bar, "armed"); }
+inline void mbar_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  mbar_check(bar, "armed");
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  MbarPhase& ph = g_mbar[bar];
+  if (ph.armed > 0 && ph.issued != ph.expected) {
+    std::fprintf(stderr, "mbarrier armed again before its phase completed\n");
+    std::abort();
+  }
+  ++ph.armed;
+  ph.expected = bytes;
+  ph.issued = 0;
+  g_mbar_changed.notify_all();
+}
+// Records a copy on bar's current phase (caller holds g_tma_mutex).
+inline void mbar_record(std::uint64_t* bar, TmaCopy&& c) {
+  g_mbar[bar].issued += c.bytes.size();
+  c.phase = g_mbar[bar].armed;
+  g_tma_pending.emplace_back(bar, std::move(c));
+  g_mbar_changed.notify_all();
+}
 inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int c0, int c1, int c2) {
   const CUtensorMap& m = *static_cast<const CUtensorMap*>(map_ptr);
   if (reinterpret_cast<std::uintptr_t>(dst) % 1024) { std::fprintf(stderr, "TMA box not 1024-byte aligned\n"); std::abort(); }
@@ -205,7 +243,7 @@ inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int 
       std::memcpy(c.bytes.data() + swizzle128(r, col / 8) + 2 * (col % 8), src, 2);
     }
   std::lock_guard<std::mutex> lock(g_tma_mutex);
-  g_tma_pending.emplace_back(bar, std::move(c));
+  mbar_record(bar, std::move(c));
 }
 inline void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
   if (reinterpret_cast<std::uintptr_t>(dst) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16) {
@@ -215,13 +253,23 @@ inline void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint
   TmaCopy c{static_cast<unsigned char*>(dst), std::vector<unsigned char>(bytes)};
   std::memcpy(c.bytes.data(), src, bytes);
   std::lock_guard<std::mutex> lock(g_tma_mutex);
-  g_tma_pending.emplace_back(bar, std::move(c));
+  mbar_record(bar, std::move(c));
 }
-inline void mbar_wait(std::uint64_t* bar, int) {
+inline void mbar_wait(std::uint64_t* bar, int parity) {
   mbar_check(bar, "waited on");
-  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  std::unique_lock<std::mutex> lock(g_tma_mutex);
+  unsigned completed = 0;
+  auto done = [&] {
+    const MbarPhase& ph = g_mbar[bar];
+    completed = ph.armed - (ph.armed > 0 && ph.issued != ph.expected ? 1 : 0);
+    return static_cast<int>(completed & 1) != parity;
+  };
+  if (!g_mbar_changed.wait_for(lock, std::chrono::seconds(20), done)) {
+    std::fprintf(stderr, "mbarrier wait (parity %d) never satisfied\n", parity);
+    std::abort();
+  }
   for (auto it = g_tma_pending.begin(); it != g_tma_pending.end();) {
-    if (it->first == bar) {
+    if (it->first == bar && it->second.phase <= completed) {
       std::memcpy(it->second.dst, it->second.bytes.data(), it->second.bytes.size());
       it = g_tma_pending.erase(it);
     } else {
