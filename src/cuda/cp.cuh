@@ -334,6 +334,18 @@ __host__ __device__ constexpr int cp_fix_memory_key(int kl) {
   const int kk = kl / 16, h = (kl / 8) % 2, t = (kl % 8) / 2, e = kl % 2;
   return 32 * (kk / 2) + 8 * t + 2 * (2 * (kk % 2) + h) + e;
 }
+// The order is a permutation of [0, dk) (dk a multiple of 32).
+template <int DK>
+constexpr bool cp_fix_keys_permute() {
+  bool seen[DK] = {};
+  for (int kl = 0; kl < DK; ++kl) {
+    const int m = cp_fix_memory_key(kl);
+    if (m < 0 || m >= DK || seen[m]) return false;
+    seen[m] = true;
+  }
+  return true;
+}
+static_assert(cp_fix_keys_permute<64>() && cp_fix_keys_permute<128>());
 
 // Stage 3 for (value columns [64 (blockIdx.x % dv/64), + 64), part blockIdx.x / (dv/64) of each
 // segment, head blockIdx.y, list-3 entries blockIdx.z, + gridDim.z, ..), one warpgroup: for each
