@@ -386,8 +386,9 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
     const float* const src = E + (static_cast<std::int64_t>(w.state_in) * p.num_heads + h) * DK * p.dv + v0 * cs;
     // E's dk x 64 block into the hi and lo tiles, a unit (column n, product keys 8 q8 .. + 7) at a
     // time: one 16-byte store per tile, eight rows of a tile apart in consecutive threads (no bank
-    // conflicts); consecutive threads read consecutive columns. Every load is issued first.
-    constexpr int kUnits = DK * NC / 8 / kCpFixThreads, kBatch = 2;  // 16 loads in flight per thread
+    // conflicts); consecutive threads read consecutive columns. Two units' loads are issued before
+    // their stores (more in flight raised the kernel's registers from 118 to 255 and spilled).
+    constexpr int kUnits = DK * NC / 8 / kCpFixThreads, kBatch = 2;
 #pragma unroll 1
     for (int u0 = 0; u0 < kUnits; u0 += kBatch) {
       float xb[kBatch][8];
