@@ -268,7 +268,7 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
 // single-sequence rows (docs/perf-notes.md, "Context parallelism"): a fused walk-list CTA takes
 // about 5.4 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one,
 // plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves.
-// A scan step (one segment, launch gaps included) about 4.5 us, the four launches about 8 us; the
+// A scan step (one segment, launch gaps included) about 4.5 us, the launches about 8 us (fitted with four); the
 // correction moves map_o and o (read and written) at about 1.8 TB/s. The unsplit split-path walk
 // takes 3.0 / 3.2 / 4.0 / 5.0 us per chunk with 1 / 2 / 4 / 8 warps per CTA. The planner splits
 // only where the estimate is under 85% of the unsplit one.

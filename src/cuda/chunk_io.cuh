@@ -70,6 +70,73 @@ __device__ __forceinline__ std::int64_t seq_begin(const ChunkedParams& p, std::i
                           : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p.cu_seqlens)[n]);
 }
 
+// Sequence n's tokens [bos, eos) as a split reads them: clamped into [0, T] (the run does not check
+// cu_seqlens: a decreasing or out-of-range one gives wrong numbers, as the unsplit kernel would, but
+// no access outside the buffers).
+__device__ __forceinline__ void cp_seq_range(const ChunkedParams& p, std::int64_t n, std::int64_t& bos,
+                                             std::int64_t& eos) {
+  bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+  bos = bos < 0 ? 0 : bos > p.tokens ? p.tokens : bos;
+  eos = eos < bos ? bos : eos > p.tokens ? p.tokens : eos;
+}
+// Segments of a sequence of len tokens cut every seg tokens (one where len <= seg: not split).
+__device__ __forceinline__ int cp_segments(std::int64_t len, int seg) {
+  return static_cast<int>(len > seg ? (len + seg - 1) / seg : 1);
+}
+
+// An entry of a split's lists (cp.cuh) for segment s of sequence n (tokens [bos, eos), nseg
+// segments of seg tokens, slots from `slot`): in list 1 (fix false) the stage-1 walk, in list 3
+// (fix true, s >= 1) the correction's segment.
+__device__ __forceinline__ WalkSpan cp_entry(std::int64_t n, std::int64_t bos, std::int64_t eos, int seg, int nseg,
+                                             int slot, int s, bool fix) {
+  WalkSpan w;
+  w.seq = static_cast<std::int32_t>(n);
+  w.begin = static_cast<std::int32_t>(bos + static_cast<std::int64_t>(s) * seg);
+  const std::int64_t end = bos + static_cast<std::int64_t>(s + 1) * seg;
+  w.end = static_cast<std::int32_t>(nseg == 1 || end > eos ? eos : end);
+  if (nseg == 1) return w;  // the whole sequence, as the unsplit kernel walks it
+  w.last = 0;               // the scan writes the final state
+  if (fix) {
+    w.state_in = slot + s - 1;
+    w.map = slot + s;
+    return w;
+  }
+  w.state_out = slot + s;
+  if (s > 0) {
+    w.state_in = kStateZero;
+    w.map = slot + s;
+  }
+  return w;
+}
+
+// A list's padding: no tokens, no state read, nothing written.
+__device__ __forceinline__ WalkSpan cp_empty_entry() {
+  WalkSpan w;
+  w.state_in = kStateZero;
+  w.last = 0;
+  w.out = 0;
+  return w;
+}
+
+// Entry i of list 1 (fix false) or list 3 (fix true): list[i], or where the lists are not built
+// (list == nullptr; ChunkedParams::cp_seg), computed. Sequence n then owns list-1 entries
+// [n e, n e + e) and list-3 entries [n (e - 1), (n + 1) (e - 1)), e = cp_per_seq, and the slots
+// from n e; entries past its segments are empty.
+__device__ __forceinline__ WalkSpan cp_walk_entry(const ChunkedParams& p, const WalkSpan* list, std::int64_t i,
+                                                  bool fix) {
+  if (list != nullptr) return list[i];
+  const int e = p.cp_per_seq - (fix ? 1 : 0);
+  if (e <= 0) return cp_empty_entry();
+  const std::int64_t n = i / e;
+  const int s = static_cast<int>(i - n * e) + (fix ? 1 : 0);
+  if (n >= p.num_seqs) return cp_empty_entry();
+  std::int64_t bos, eos;
+  cp_seq_range(p, n, bos, eos);
+  const int nseg = cp_segments(eos - bos, p.cp_seg);
+  if (s >= nseg) return cp_empty_entry();
+  return cp_entry(n, bos, eos, p.cp_seg, nseg, static_cast<int>(n * p.cp_per_seq), s, fix);
+}
+
 // First workspace slot of sequence n (its chunk j uses slot + j).
 __device__ __forceinline__ std::int64_t first_slot(std::int64_t bos, std::int64_t n) { return bos / kChunk + n; }
 

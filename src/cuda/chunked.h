@@ -36,6 +36,10 @@ struct WalkSpan {
   std::int32_t seq = 0, begin = 0, end = 0, state_in = -1, last = 1, state_out = -1, map = -1, out = 1;
 };
 constexpr std::int32_t kStateZero = -2;  // WalkSpan::state_in: start from zero
+// The fused kernel's walk-list entries per CTA: at most this many, copied or computed
+// (ChunkedParams::cp_seg) into shared memory where the walk order would be (kWalkOrderBytes). A
+// launch of a walk-list variant needs num_walks <= kCtaWalks x grid.z.
+constexpr int kCtaWalks = static_cast<int>(kWalkOrderBytes / sizeof(WalkSpan));
 
 // Everything the kernel reads, resolved on the host. Strides are in elements. Pointers are the
 // caller's; the kernel never writes through an input pointer.
@@ -86,6 +90,10 @@ struct ChunkedParams {
   // [index, H, dk, dv] in the problem's state layout (state_vk).
   const WalkSpan* walks = nullptr;
   std::int64_t num_walks = 0;
+  // A split whose lists are computed where they are read (cp.cuh, cp_walk_entry) instead of built
+  // in memory: walks == nullptr with cp_seg > 0 (tokens per segment); sequence n owns list-1 entries
+  // [n cp_per_seq, (n + 1) cp_per_seq) and the E and M slots from n cp_per_seq.
+  int cp_seg = 0, cp_per_seq = 0;
   const float* walk_states = nullptr;
   // With a walk list, end states named by WalkSpan::state_out ([index, H, dk, dv], state layout),
   // and the transfer maps of WalkSpan::map ([index, H, dk, dk], column-major: M[i][c] at c dk + i).
@@ -209,7 +217,7 @@ struct SplitKernel {
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.
 const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a = false);
 // The fused instantiation of (dtype, dk, value columns per CTA: 64 or 128), or its walk-list
-// variant (launched with ChunkedParams::walks set, else it returns cudaErrorInvalidValue);
+// variant (launched with ChunkedParams::walks or cp_seg set, else it returns cudaErrorInvalidValue);
 // nullptr when none was built (no CUTLASS headers). Before a launch, the kernel must be opted into
 // its dynamic shared memory on the device (walk_smem; backend.cu's prepare_kernel, once per
 // device, for the planner's kernels).

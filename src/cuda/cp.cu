@@ -115,17 +115,23 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
       p.num_seqs < 1 || p.num_seqs > 65535 || c.cap1 < p.num_seqs)
     return cudaErrorInvalidValue;
   const CpWorkspace w = cp_workspace(c, p.num_seqs, p.tokens, p.num_heads, dk, p.dv);
-  auto* const list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
-  auto* const list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
-  auto* const seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
+  WalkSpan* list1 = nullptr;
+  WalkSpan* list3 = nullptr;
+  int* seq_slots = nullptr;
+  if (!cp_compute_lists(p, c)) {
+    list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
+    list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
+    seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
+    gdn_cp_build_kernel<<<1, kCpBuildThreads, 0, stream>>>(p, c, list1, list3, seq_slots);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   auto* const E = reinterpret_cast<float*>(ws + w.states);
   auto* const M = reinterpret_cast<float*>(ws + w.maps);
   void* const map_o = ws + w.map_o;
   const auto H = static_cast<unsigned>(p.num_heads);
 
-  gdn_cp_build_kernel<<<1, kCpBuildThreads, 0, stream>>>(p, c, list1, list3, seq_slots);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
     auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
     err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, 0, stream, p, list3,

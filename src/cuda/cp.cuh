@@ -1,12 +1,14 @@
-// Context parallelism on one GPU (docs/math.md "Splitting a sequence"): the device side of the four
-// launches that cp.cu enqueues back to back on one stream.
+// Context parallelism on one GPU (docs/math.md "Splitting a sequence"): the device side of the
+// launches that cp.cu enqueues back to back on one stream (four, or three without the builder).
 //
 // Sequence n (len_n tokens, from cu_seqlens or the uniform length) is cut at chunk borders into
 // nseg_n = max(1, ceil(len_n / seg)) segments of `seg` tokens (the last one shorter). A sequence
 // of nseg_n >= 2 owns the slots slot_n .. slot_n + nseg_n - 1 of E and M (slot_n: the sum of
 // nseg_m over the split sequences before it; CpLayout::slots bounds the total).
 //   Build (cp_build_lists, one CTA): both lists from the lengths, on the device (the host need not
-//     know them: the lists are sized by upper bounds and padded with empty walks).
+//     know them: the lists are sized by upper bounds and padded with empty walks). Not launched for
+//     one sequence or sequences of one length: each kernel then computes the entries it reads from
+//     their index (cp_walk_entry, ChunkedParams::cp_seg), the same entries the builder would write.
 //   Stage 1, the fused kernel over list 1: segment 0 of each split sequence from its initial
 //     state, segments 1 .. nseg_n - 1 from zero, every one writing its rows of o and its end state
 //     to E[slot_n + s] (N_s for s >= 1); the map CTAs walk the identity through the same tokens of
@@ -49,12 +51,9 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
   for (std::int64_t base = 0; base < p.num_seqs; base += NT) {
     const std::int64_t n = base + tid;
     const bool here = n < p.num_seqs;
-    // Clamped into [0, T] (the run does not check cu_seqlens: a decreasing or out-of-range one
-    // gives wrong numbers, as the unsplit kernel would, but no access outside the buffers).
-    std::int64_t bos = here ? seq_begin(p, n) : 0, eos = here ? seq_begin(p, n + 1) : 0;
-    bos = bos < 0 ? 0 : bos > p.tokens ? p.tokens : bos;
-    eos = eos < bos ? bos : eos > p.tokens ? p.tokens : eos;
-    const int nseg = here ? static_cast<int>(eos - bos > c.seg ? (eos - bos + c.seg - 1) / c.seg : 1) : 0;
+    std::int64_t bos = 0, eos = 0;
+    if (here) cp_seq_range(p, n, bos, eos);
+    const int nseg = here ? cp_segments(eos - bos, c.seg) : 0;
     const int e1 = here ? nseg : 0, e3 = here ? nseg - 1 : 0, es = nseg > 1 ? nseg : 0;
     // Inclusive scans of e1, e3 and es over the NT threads (Hillis-Steele in shared memory).
     int* const s1 = sm;
@@ -82,45 +81,17 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
       const bool fits = at1 + e1 <= c.cap1 && at3 + e3 <= c.cap3 && ats + es <= c.slots;
       seq_slots[2 * n] = slot;
       seq_slots[2 * n + 1] = fits ? nseg : 1;
-      auto span = [&](int s) {
-        WalkSpan w;
-        w.seq = static_cast<std::int32_t>(n);
-        w.begin = static_cast<std::int32_t>(bos + static_cast<std::int64_t>(s) * c.seg);
-        const std::int64_t end = bos + static_cast<std::int64_t>(s + 1) * c.seg;
-        w.end = static_cast<std::int32_t>(end < eos ? end : eos);
-        return w;
-      };
-      if (nseg == 1 && at1 < c.cap1) {
-        WalkSpan w = span(0);  // the whole sequence, as the unsplit kernel walks it
-        w.end = static_cast<std::int32_t>(eos);
-        list1[at1] = w;
-      }
+      if (nseg == 1 && at1 < c.cap1) list1[at1] = cp_entry(n, bos, eos, c.seg, 1, slot, 0, false);
       for (int s = 0; nseg > 1 && s < nseg && at1 + s < c.cap1 && ats + s < c.slots; ++s) {
-        WalkSpan a = span(s);
-        a.last = 0;  // the scan writes the final state
-        a.state_out = slot + s;
-        if (s > 0) {
-          a.state_in = kStateZero;
-          a.map = slot + s;
-          if (at3 + s - 1 < c.cap3) {
-            WalkSpan b = span(s);
-            b.state_in = slot + s - 1;
-            b.map = slot + s;
-            b.last = 0;
-            list3[at3 + s - 1] = b;
-          }
-        }
-        list1[at1 + s] = a;
+        list1[at1 + s] = cp_entry(n, bos, eos, c.seg, nseg, slot, s, false);
+        if (s > 0 && at3 + s - 1 < c.cap3) list3[at3 + s - 1] = cp_entry(n, bos, eos, c.seg, nseg, slot, s, true);
       }
     }
     o1 += total1;
     o3 += total3;
     os += totals;
   }
-  WalkSpan empty;  // no tokens, no state read, nothing written
-  empty.state_in = kStateZero;
-  empty.last = 0;
-  empty.out = 0;
+  const WalkSpan empty = cp_empty_entry();
   for (std::int64_t i = o1 + tid; i < c.cap1; i += NT) list1[i] = empty;
   for (std::int64_t i = o3 + tid; i < c.cap3; i += NT) list3[i] = empty;
 }
@@ -151,7 +122,15 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
   const int h = blockIdx.y, c0 = NC * blockIdx.x, i = tid;
   const std::int64_t n = blockIdx.z;
   grid_dependency_wait();
-  const int nseg = seq_slots[2 * n + 1];
+  int nseg;
+  std::int64_t base;
+  if (seq_slots != nullptr) {
+    nseg = seq_slots[2 * n + 1], base = seq_slots[2 * n];
+  } else {  // lists not built (ChunkedParams::cp_seg)
+    std::int64_t bos, eos;
+    cp_seq_range(p, n, bos, eos);
+    nseg = cp_segments(eos - bos, p.cp_seg), base = n * p.cp_per_seq;
+  }
   if (nseg < 2) return;  // not split
   if (tid == 0) {
     mbar_init(&bar[0], 1);
@@ -159,7 +138,6 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     mbar_init_fence();
   }
   __syncthreads();  // the barriers initialised before any thread arms or waits on them
-  const std::int64_t base = seq_slots[2 * n];
   const bool vk = p.state_vk;
   // E's row i, columns c0 .. c0 + 7 of slot gs (two 16-byte accesses in the kv layout).
   auto row = [&](std::int64_t gs) { return (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv; };
@@ -263,7 +241,7 @@ template <int NT>
 __device__ __forceinline__ void cp_stop_cta(const ChunkedParams& p, const WalkSpan* list3, float log_cutoff,
                                             int* map_end, float* sm, int tid) {
   grid_dependency_wait();
-  const WalkSpan w = list3[blockIdx.x];
+  const WalkSpan w = cp_walk_entry(p, list3, blockIdx.x, true);
   if (w.map < 0 || w.begin >= w.end) return;
   const int h = blockIdx.y;
   const int chunks = (w.end - w.begin + kChunk - 1) / kChunk;
@@ -373,7 +351,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
   };
   grid_dependency_wait();
   for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
-    const WalkSpan w = list3[i];
+    const WalkSpan w = cp_walk_entry(p, list3, i, true);
     // Rows past the map walk's end (the decay shortcut) have no map_o and no correction.
     const int wend = w.map < 0 || p.map_end == nullptr
                          ? w.end

@@ -25,6 +25,20 @@ struct CpLayout {
   }
 };
 
+// One sequence, or sequences of one length (no cu_seqlens): every entry of the split's lists is then
+// a function of its index, and this sets p.cp_seg and p.cp_per_seq so that the kernels compute
+// the entries they read (cp.cuh, cp_walk_entry) and returns true; the lists are not built (a launch
+// less). Otherwise it returns false and leaves p alone.
+inline bool cp_compute_lists(ChunkedParams& p, const CpLayout& c) {
+  // (The fused kernel keeps at most kCtaWalks computed entries per CTA, with 65535 CTAs in z.)
+  if ((p.has_cu_seqlens && p.num_seqs != 1) || c.cap1 > std::int64_t(kCtaWalks) * 65535) return false;
+  p.cp_seg = c.seg;
+  // Entries per sequence: the one sequence's list (its segments, then padding), else the segments
+  // of the common length.
+  const std::int64_t e = p.num_seqs == 1 ? c.cap1 : p.uniform_len > c.seg ? (p.uniform_len + c.seg - 1) / c.seg : 1;
+  p.cp_per_seq = static_cast<int>(e);
+  return true;
+}
 
 // The workspace of one split call: the two lists, the per-sequence slot table, the segments' end
 // states E and maps M, and the map CTAs' output rows ([T, H, dk], 16-bit).
@@ -34,17 +48,17 @@ struct CpWorkspace {
 };
 CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t tokens, int heads, int dk, int dv);
 
-// Enqueues the launches on stream (no host synchronisation): the list builder, with cutoff > 0 the
-// decay shortcut's stop points (cp_stop_cta), stage 1 on k1 (a walk-list fused kernel, opted into
-// its shared memory, whose value-column blocks divide dk: its map CTAs cover M; maps: the call's
-// K, Q and V descriptors for it, chunked.h), the scan and the
-// correction; every launch after the first is a programmatic dependent launch (pdl.cuh). p is the
-// call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
-// cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
 // Opts the split's kernels into their shared memory on `device` (the current device), once per
 // process and device; the planner calls it before it picks a split.
 cudaError_t cp_prepare(int device);
 
+// Enqueues the launches on stream (no host synchronisation): the list builder (not where
+// cp_compute_lists holds), with cutoff > 0 the decay shortcut's stop points (cp_stop_cta), stage 1
+// on k1 (a walk-list fused kernel, opted into its shared memory, whose value-column blocks divide
+// dk: its map CTAs cover M; maps: the call's K, Q and V descriptors for it, chunked.h), the scan
+// and the correction; every launch after the builder is a programmatic dependent launch (pdl.cuh).
+// p is the call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
+// cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
                       float cutoff, unsigned char* ws, cudaStream_t stream);
 

@@ -61,7 +61,9 @@ namespace {
 template <typename T, int DK, int DVB, bool kWalks = false>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
   using F = FusedSm90<T, DK, DVB, kWalks>;
-  if (kWalks != (params.walks != nullptr)) return cudaErrorInvalidValue;  // a walk list iff the variant walks one
+  // A walk list (in memory or computed) iff the variant walks one.
+  if (kWalks != (params.walks != nullptr || params.cp_seg > 0)) return cudaErrorInvalidValue;
+  if (kWalks && params.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry
   // Token positions and sequence indices are 32-bit in the kernel (TMA coordinates are).
   if (params.tokens > INT32_MAX || params.num_seqs > INT32_MAX || params.num_walks > INT32_MAX) return cudaErrorInvalidValue;
   if (params.walks != nullptr && params.longest_first) return cudaErrorInvalidValue;  // the order ranks sequences
@@ -137,7 +139,9 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                                  cudaStream_t stream, bool after) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
-  if (after && p.walks == nullptr) return cudaErrorInvalidValue;  // only the walk-list variants wait
+  // Only the walk-list variants wait (their list in memory or computed, ChunkedParams::cp_seg).
+  if (after && p.walks == nullptr && p.cp_seg == 0) return cudaErrorInvalidValue;
+  if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90.cuh)
   if (p.tokens > INT32_MAX || p.num_seqs > INT32_MAX || p.num_walks > INT32_MAX) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
   FusedParams fp;

@@ -322,11 +322,18 @@ __device__ __forceinline__ int map_walk_end(const ChunkedParams& p, const WalkSp
   const int e = p.map_end[2 * (static_cast<std::int64_t>(w.map) * p.num_heads + blockIdx.y)];
   return e < w.begin ? w.begin : e > w.end ? w.end : e;
 }
+// Walk-list entry i of the CTA's (kWalks): its copy in shared memory (`order`, unused otherwise: the
+// walk-list variant never ranks), which fused_cta took from p.walks or computed (ChunkedParams::
+// cp_seg) once, for the CTA's entries blockIdx.z + k gridDim.z, k < kCtaWalks.
+__device__ __forceinline__ WalkSpan walk_entry(const int* order, std::int64_t i) {
+  return reinterpret_cast<const WalkSpan*>(order)[static_cast<unsigned>(i) / gridDim.z];  // 32-bit: launch checks
+}
 template <bool kWalks>
 __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* order, int i, int& bos, int& eos) {
   if constexpr (kWalks) {
-    bos = p.walks[i].begin;
-    eos = map_cta(p) ? map_walk_end(p, p.walks[i]) : p.walks[i].end;
+    const WalkSpan w = walk_entry(order, i);
+    bos = w.begin;
+    eos = map_cta(p) ? map_walk_end(p, w) : w.end;
   } else {
     const std::int64_t n = p.longest_first ? order[i] : i;
     bos = static_cast<int>(seq_begin(p, n));
@@ -549,7 +556,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   int j = 0;
   // Walk i's sequence (for its initial and final state).
   auto walk_seq = [&](std::int64_t i) -> std::int64_t {
-    if constexpr (F::kWalks) return p.walks[i].seq;
+    if constexpr (F::kWalks) return walk_entry(order, i).seq;
     return p.longest_first ? order[i] : i;
   };
   for (std::int64_t i = blockIdx.z; i < walk_count<F::kWalks>(p); i += gridDim.z) {
@@ -558,7 +565,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     const float* start = p.has_initial_state ? p.initial_state : nullptr;
     bool write_o = true;
     if constexpr (F::kWalks) {
-      const WalkSpan w = p.walks[i];
+      const WalkSpan w = walk_entry(order, i);
       if (is_map && w.map < 0) continue;  // as the aux (walk_range)
       bos = w.begin, eos = is_map ? map_walk_end(p, w) : w.end;
       if (w.state_in >= 0) start = p.walk_states, start_index = w.state_in;
@@ -631,7 +638,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       zero_state = false;
     }
     if constexpr (F::kWalks) {
-      const WalkSpan w = p.walks[i];
+      const WalkSpan w = walk_entry(order, i);
       const int col = v0 + l.cw + l.g;
       if (is_map) {
         store_tiles<DK>(st, p.map_out, (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK + col * DK + 2 * l.t,
@@ -665,6 +672,11 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     // A split's stage 1 may start while the kernel before it runs (cp.cu): the barriers and the
     // descriptor prefetches above overlap it, the walk lists and stop points are read after it.
     grid_dependency_wait();
+    // The CTA's entries, into shared memory (walk_entry) before the barrier below.
+    if (tid < kCtaWalks) {
+      const std::int64_t i = blockIdx.z + static_cast<std::int64_t>(tid) * gridDim.z;
+      if (i < fp.p.num_walks) reinterpret_cast<WalkSpan*>(order)[tid] = cp_walk_entry(fp.p, fp.p.walks, i, false);
+    }
   }
   if (fp.p.longest_first)
     rank_longest_first<F::kThreads>(fp.p, order, order + kLongestFirstMaxSeqs, tid);  // ends with a CTA barrier

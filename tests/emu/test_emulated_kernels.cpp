@@ -517,6 +517,20 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
                                                 threadIdx.x);
   });
+  // One sequence, or sequences of one length: the kernels compute the entries (launch_cp does the
+  // same), and the computed entries are the builder's.
+  const bool computed = cuda::cp_compute_lists(p, layout);
+  auto same = [](const cuda::WalkSpan& a, const cuda::WalkSpan& b) {
+    return a.seq == b.seq && a.begin == b.begin && a.end == b.end && a.state_in == b.state_in && a.last == b.last &&
+           a.state_out == b.state_out && a.map == b.map && a.out == b.out;
+  };
+  for (std::int64_t i = 0; computed && i < layout.cap1; ++i)
+    ASSERT_TRUE(same(cuda::cp_walk_entry(p, nullptr, i, false), list1[static_cast<std::size_t>(i)])) << "list 1, " << i;
+  for (std::int64_t i = 0; computed && i < layout.cap3; ++i)
+    ASSERT_TRUE(same(cuda::cp_walk_entry(p, nullptr, i, true), list3[static_cast<std::size_t>(i)])) << "list 3, " << i;
+  const cuda::WalkSpan* const l1 = computed ? nullptr : list1.data();
+  const cuda::WalkSpan* const l3 = computed ? nullptr : list3.data();
+  const int* const slots_in = computed ? nullptr : seq_slots.data();
   // Stage 1 walks every token once, writing o; a token after a sequence's first segment is
   // corrected once; an unsplit sequence's final state comes from its walk, a split one's from the
   // scan.
@@ -548,14 +562,14 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   if (cutoff > 0.0f && layout.cap3 > 0) {
     static float ssm[257];
     run_grid(dim3(static_cast<unsigned>(layout.cap3), static_cast<unsigned>(s.H), 1), 256, [&] {
-      cuda::cp_stop_cta<256>(p, list3.data(), std::log(cutoff), map_end.data(), ssm, threadIdx.x);
+      cuda::cp_stop_cta<256>(p, l3, std::log(cutoff), map_end.data(), ssm, threadIdx.x);
     });
     p.map_end = map_end.data();
   }
   if (map_end_out) *map_end_out = map_end;
 
   cuda::ChunkedParams p1 = p;
-  p1.walks = list1.data();
+  p1.walks = l1;
   p1.num_walks = layout.cap1;
   p1.walk_out = E.data();
   p1.map_out = M.data();
@@ -569,14 +583,14 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
 
   static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
   run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
-           DK, [&] { cuda::cp_scan_cta<DK>(p, seq_slots.data(), E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
+           DK, [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
 
   const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
   static_assert(cuda::cp_fix_smem_bytes<128>() <= sizeof(cuda::smem_raw));
   run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts), static_cast<unsigned>(s.H),
                 static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
            cuda::kCpFixThreads,
-           [&] { cuda::cp_fix_cta<T, DK>(p, list3.data(), layout.cap3, E.data(), map_o.data(), cuda::smem_raw, threadIdx.x); });
+           [&] { cuda::cp_fix_cta<T, DK>(p, l3, layout.cap3, E.data(), map_o.data(), cuda::smem_raw, threadIdx.x); });
   if (E_out) *E_out = E;
 }
 
@@ -601,6 +615,7 @@ TEST(Emulated, ContextParallel) {
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true},  // packed, uneven
       {{300}, true, 128, 64, 64, 2, true, false, StateLayout::kv, hard, true},  // padded o rows (below)
       {{1100}, true, 128, 576, 128, 1, true, false, StateLayout::kv, hard, false},  // segments of 9 chunks: 2 parts
+      {{100, 100}, false, 128, 128, 128, 1, true, false, StateLayout::kv, hard, true},  // shorter than a segment
   };
   int k = 0;
   for (const Run& r : runs) {
