@@ -101,7 +101,7 @@ struct InputSet {
 
 int main(int argc, char** argv) {
   std::string rows_path = "bench/rows.json", only, kernels, segments;
-  bool json = false;
+  bool json = false, hint = true;
   int reps = 20;
   float cutoff = 0.0f;
   for (int i = 1; i < argc; ++i) {
@@ -113,12 +113,14 @@ int main(int argc, char** argv) {
     else if (a == "--segments" && i + 1 < argc) segments = argv[++i];
     else if (a == "--split-decay-cutoff" && i + 1 < argc) cutoff = std::strtof(argv[++i], nullptr);
     else if (a == "--json") json = true;
+    else if (a == "--no-hint") hint = false;
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--json]\n"
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--no-hint] [--json]\n"
                            "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
                            "             planner's choice, side by side; rows a kernel cannot run are skipped\n"
                            "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n"
-                           "  --split-decay-cutoff: Options::split_decay_cutoff of every plan (0: exact)\n");
+                           "  --split-decay-cutoff: Options::split_decay_cutoff of every plan (0: exact)\n"
+                           "  --no-hint: plan without Problem::max_seq_len (the packed lengths unknown to the host)\n");
       return 2;
     }
   }
@@ -138,7 +140,7 @@ int main(int argc, char** argv) {
     std::vector<int> cu_host(1, 0);
     for (auto L : row.lens) cu_host.push_back(cu_host.back() + static_cast<int>(L));
     p.total_tokens = cu_host.back();
-    p.max_seq_len = *std::max_element(row.lens.begin(), row.lens.end());  // the planning hint a server has
+    if (hint) p.max_seq_len = *std::max_element(row.lens.begin(), row.lens.end());  // the hint a server has
     p.num_q_heads = row.hq, p.num_k_heads = row.hk, p.num_v_heads = row.hv;
     p.head_dim_k = row.dk, p.head_dim_v = row.dv;
     const int H = std::max(row.hq, row.hv);

@@ -93,7 +93,8 @@ def chunk_gated_delta_rule(
             other than H100/H200, a mean length under two chunks).
         max_seq_len: optional hint, the longest sequence's length (C++ ``Problem::max_seq_len``):
             lets the CUDA planner split a batch whose longest sequence is far above the mean.
-            Any value in [0, T] gives correct results; 0 or None: unknown.
+            Any value in [0, T] gives correct results; 0 or None: unknown (the planner then also
+            weighs the worst case, one sequence of all T tokens).
         split_decay_cutoff: the decay shortcut of a split (C++ ``Options::split_decay_cutoff``),
             in [0, 1); None or 0: exact. c > 0 lets a segment drop its start state's influence
             once the gates summed from the segment's start fall below log(c): o moves by at most

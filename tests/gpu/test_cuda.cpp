@@ -1195,7 +1195,17 @@ TEST_F(Cuda, ContextParallelPlanner) {
   const std::string skew_hint = Plan::create(skewed).kernel_name();
   std::printf("planner: tp8 n4 t32768 -> %s without max_seq_len, %s with 20000\n", skew_mean.c_str(),
               skew_hint.c_str());
-  if (hopper) EXPECT_NE(skew_hint.find("-cp"), std::string::npos) << "a 20000-token walk on 8 heads";
+  if (hopper) {
+    EXPECT_NE(skew_hint.find("-cp"), std::string::npos) << "a 20000-token walk on 8 heads";
+    // Without the hint the planner plans for the worst case (one sequence of all 32768 tokens)
+    // where that costs no more than the unsplit kernel on equal lengths.
+    EXPECT_NE(skew_mean.find("-cp"), std::string::npos) << "packed lengths unknown, 4 sequences on 8 heads";
+  }
+  // ... but not where equal lengths would all be walked whole (no longer than the worst case's
+  // segments), which is slower than the unsplit kernel.
+  const std::string short8 = Plan::create(problem(2, 8, 8, 4096, true)).kernel_name();
+  std::printf("planner: tp8 n8 t32768 without max_seq_len -> %s\n", short8.c_str());
+  EXPECT_EQ(short8.find("-cp"), std::string::npos) << short8;
   std::printf("planner: qwen35tp8 b1 t32768 -> %s; qwen35 b4 t8192 -> %s; tp8 varlen n2 t65536 -> %s; "
               "qwen3next varlen n8 t32768 -> %s\n",
               tp8.c_str(), many.c_str(), varlen.c_str(), wide.c_str());
