@@ -1,6 +1,7 @@
 // Context parallelism on one GPU: the list builder, the scan and correction kernels and the launch
 // sequence (cp.cuh describes the stages).
 #include "cuda/cp.h"
+#include "cuda/pdl_launch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -78,17 +79,8 @@ __global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const Chunked
 template <typename... Params, typename... Args>
 cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
                          Args... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const PdlLaunch launch(grid, dim3(threads), smem, stream, /*after=*/true);
+  return cudaLaunchKernelEx(&launch.config, kernel, static_cast<Params>(args)...);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cuda/chunked.h"
+#include "cuda/pdl_launch.h"
 #if GDNKIT_HAS_CUTLASS
 #include "cuda/fused_sm90.cuh"
 #endif
@@ -150,17 +151,8 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
   void* args[] = {&fp};
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(k.threads);
-  config.dynamicSmemBytes = k.walk_smem;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = after ? 1 : 0;
-  return cudaLaunchKernelExC(&config, k.walk_func, args);
+  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, after);
+  return cudaLaunchKernelExC(&launch.config, k.walk_func, args);
 }
 
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }
