@@ -952,7 +952,7 @@ TEST_F(Cuda, FusedWalkList) {
         gdnkit::Options same;
         same.kernel = plain->name;
         // Runs c on the walk list w (uploaded), returns the launch's status.
-        auto run_walks = [&](Case& c, const test::WalkSplit& w, const cuda::SplitKernel* kern) {
+        auto run_walks = [&](Case& c, const test::WalkSplit& w, const cuda::SplitKernel* kern, unsigned z = 5) {
           DeviceCase d(c);
           cuda::WalkSpan* walks = nullptr;
           float* states = nullptr;
@@ -964,7 +964,7 @@ TEST_F(Cuda, FusedWalkList) {
           p.walks = walks;
           p.num_walks = static_cast<std::int64_t>(w.walks.size());
           p.walk_states = states;
-          const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(c.shape.H), 5);
+          const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(c.shape.H), z);
           const cudaError_t err = kern->launch(p, dim3(), grid, nullptr);
           GDN_CUDA(cudaDeviceSynchronize());
           d.download();
@@ -1003,8 +1003,10 @@ TEST_F(Cuda, FusedWalkList) {
         EXPECT_TRUE(test::written_issues(split).empty()) << test::written_issues(split);
         EXPECT_EQ(test::gather_o(split), test::gather_o(full)) << "walks split on chunk borders must be bit-identical";
         EXPECT_EQ(test::gather_state(split), test::gather_state(full)) << "walks split on chunk borders must be bit-identical";
-        // The variants refuse the wrong kind of call.
+        // The variants refuse the wrong kind of call, and a CTA of more walks than it keeps.
         EXPECT_EQ(run_walks(split, own, plain), cudaErrorInvalidValue);
+        ASSERT_GT(own.walks.size(), static_cast<std::size_t>(cuda::kCtaWalks));
+        EXPECT_EQ(run_walks(split, own, k, 1), cudaErrorInvalidValue) << own.walks.size() << " walks in one CTA";
         {
           DeviceCase d(split);
           const cuda::ChunkedParams p = cuda::chunked_params(d.problem(), split.shape, d.tensors());
