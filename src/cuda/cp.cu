@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kCpBuildThreads) gdn_cp_build_kernel(const Chu
 }
 
 template <int DK>
-__global__ void __launch_bounds__(DK) gdn_cp_scan_kernel(const ChunkedParams p, const int* seq_slots, float* E,
+__global__ void __launch_bounds__(cp_scan_threads<DK>()) gdn_cp_scan_kernel(const ChunkedParams p, const int* seq_slots, float* E,
                                                          const float* M) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // bulk copies (the split runs on sm_90a only)
@@ -148,9 +148,11 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
 
   const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
   if (dk == 128)
-    err = launch_after(gdn_cp_scan_kernel<128>, grid, 128, cp_scan_smem_bytes<128>(), stream, p, seq_slots, E, M);
+    err = launch_after(gdn_cp_scan_kernel<128>, grid, cp_scan_threads<128>(), cp_scan_smem_bytes<128>(), stream, p,
+                       seq_slots, E, M);
   else
-    err = launch_after(gdn_cp_scan_kernel<64>, grid, 64, cp_scan_smem_bytes<64>(), stream, p, seq_slots, E, M);
+    err = launch_after(gdn_cp_scan_kernel<64>, grid, cp_scan_threads<64>(), cp_scan_smem_bytes<64>(), stream, p,
+                       seq_slots, E, M);
   if (err != cudaSuccess) return err;
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);

@@ -97,6 +97,17 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
 }
 
 constexpr int kCpScanCols = 8;  // value columns per scan CTA (dv / 8 CTAs per sequence and head)
+// Value columns per scan thread: two threads per row of X, so that each scheduler has two warps
+// to hide the shared-memory loads' latency with (one warp per scheduler stalled on them).
+#ifndef GDNKIT_CP_SCAN_THREAD_COLS
+#define GDNKIT_CP_SCAN_THREAD_COLS 4
+#endif
+constexpr int kCpScanThreadCols = GDNKIT_CP_SCAN_THREAD_COLS;
+static_assert(kCpScanThreadCols % 4 == 0 && kCpScanCols % kCpScanThreadCols == 0, "whole float4s per thread");
+template <int DK>
+__host__ __device__ constexpr int cp_scan_threads() {
+  return DK * (kCpScanCols / kCpScanThreadCols);
+}
 
 // The scan's shared memory: two buffers of M (DK x DK fp32 each), the running state X (DK x 8
 // fp32) and the buffers' two mbarriers.
@@ -105,21 +116,23 @@ __host__ __device__ constexpr std::size_t cp_scan_smem_bytes() {
   return (2 * std::size_t(DK) * DK + std::size_t(DK) * kCpScanCols) * 4 + 2 * 8;
 }
 
-// Stage 2 for (sequence blockIdx.z, head blockIdx.y, value columns [8 blockIdx.x, + 8)), by DK
-// threads: thread i owns row i of the running state X (dk x 8, in shared memory). Each step's M
-// (column-major, so that thread i's reads of row i are conflict-free) arrives in shared memory by
+// Stage 2 for (sequence blockIdx.z, head blockIdx.y, value columns [8 blockIdx.x, + 8)), by
+// cp_scan_threads<DK>() threads: thread tid owns row tid % DK, columns kCpScanThreadCols (tid / DK)
+// .. + kCpScanThreadCols - 1, of the running state X (dk x 8, in shared memory). Each step's M
+// (column-major, so that a warp's reads of M[i][k] are conflict-free) arrives in shared memory by
 // one bulk copy that thread 0 issues two steps ahead, on the step's buffer's mbarrier: per-thread
 // global loads of M (128 per step) had stalled the step on the load queue (ncu: lg_throttle).
-// E is in p's state layout; in the kv layout a thread's 8 columns are 32 contiguous bytes.
+// E is in p's state layout; in the kv layout a thread's columns are contiguous 16-byte pieces.
 // sm: cp_scan_smem_bytes<DK>(), 16-byte aligned.
 template <int DK>
 __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* seq_slots, float* E, const float* M,
                                             unsigned char* sm, int tid) {
-  constexpr int NC = kCpScanCols;
+  constexpr int NC = kCpScanCols, TC = kCpScanThreadCols;
   float* const mbuf = reinterpret_cast<float*>(sm);  // [2][DK * DK]
   float* const xs = mbuf + 2 * DK * DK;              // [DK][NC]
   std::uint64_t* const bar = reinterpret_cast<std::uint64_t*>(xs + DK * NC);
-  const int h = blockIdx.y, c0 = NC * blockIdx.x, i = tid;
+  const int h = blockIdx.y, i = tid % DK, ct = TC * (tid / DK);  // row, first column within the CTA's
+  const int c0 = NC * blockIdx.x + ct;                             // the thread's first value column
   const std::int64_t n = blockIdx.z;
   grid_dependency_wait();
   int nseg;
@@ -139,25 +152,28 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
   }
   __syncthreads();  // the barriers initialised before any thread arms or waits on them
   const bool vk = p.state_vk;
-  // E's row i, columns c0 .. c0 + 7 of slot gs (two 16-byte accesses in the kv layout).
+  // E's row i, the thread's columns c0 .. c0 + TC - 1 of slot gs (16-byte accesses in the kv layout).
   auto row = [&](std::int64_t gs) { return (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv; };
-  auto load8 = [&](const float* e, float (&x)[NC]) {
+  auto load = [&](const float* e, float (&x)[TC]) {
     if (!vk) {
-      const float4 a = *reinterpret_cast<const float4*>(e + i * p.dv + c0);
-      const float4 b = *reinterpret_cast<const float4*>(e + i * p.dv + c0 + 4);
-      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+#pragma unroll
+      for (int j = 0; j < TC; j += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(e + i * p.dv + c0 + j);
+        x[j] = a.x, x[j + 1] = a.y, x[j + 2] = a.z, x[j + 3] = a.w;
+      }
     } else {
 #pragma unroll
-      for (int j = 0; j < NC; ++j) x[j] = e[(c0 + j) * DK + i];
+      for (int j = 0; j < TC; ++j) x[j] = e[(c0 + j) * DK + i];
     }
   };
-  auto store8 = [&](float* e, const float (&x)[NC]) {
+  auto store = [&](float* e, const float (&x)[TC]) {
     if (!vk) {
-      *reinterpret_cast<float4*>(e + i * p.dv + c0) = make_float4(x[0], x[1], x[2], x[3]);
-      *reinterpret_cast<float4*>(e + i * p.dv + c0 + 4) = make_float4(x[4], x[5], x[6], x[7]);
+#pragma unroll
+      for (int j = 0; j < TC; j += 4)
+        *reinterpret_cast<float4*>(e + i * p.dv + c0 + j) = make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]);
     } else {
 #pragma unroll
-      for (int j = 0; j < NC; ++j) e[(c0 + j) * DK + i] = x[j];
+      for (int j = 0; j < TC; ++j) e[(c0 + j) * DK + i] = x[j];
     }
   };
   // The decay shortcut: step s's start state decayed away (the same for the whole CTA), M_s unused.
@@ -176,58 +192,56 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     issue(2);
   }
   {
-    float x[NC];
-    load8(E + row(base), x);
+    float x[TC];
+    load(E + row(base), x);
 #pragma unroll
-    for (int j = 0; j < NC; ++j) xs[i * NC + j] = x[j];
+    for (int j = 0; j < TC; ++j) xs[i * NC + ct + j] = x[j];
   }
   unsigned phase = 0;  // bit b: the parity of buffer b's next copy (its barrier's phase)
-  float nxt[NC];       // N_s, loaded a step ahead (its latency was a sixth of the step)
-  load8(E + row(base + 1), nxt);
+  float nxt[TC];       // N_s, loaded a step ahead (its latency was a sixth of the step)
+  load(E + row(base + 1), nxt);
   for (int s = 1; s < nseg; ++s) {
     float* const e = E + row(base + s);
-    float acc[NC];
+    float acc[TC];
 #pragma unroll
-    for (int j = 0; j < NC; ++j) acc[j] = nxt[j];
-    if (s + 1 < nseg) load8(E + row(base + s + 1), nxt);
+    for (int j = 0; j < TC; ++j) acc[j] = nxt[j];
+    if (s + 1 < nseg) load(E + row(base + s + 1), nxt);
     const bool skip = cut(s);
-    if (!skip) {  // else E_s = N_s: X is not read (each thread writes only its own row of it)
+    if (!skip) {  // else E_s = N_s: X is not read (each thread writes only its own part of it)
       const float* const m = mbuf + (s & 1) * DK * DK + i;
       mbar_wait(&bar[s & 1], (phase >> (s & 1)) & 1);
       phase ^= 1u << (s & 1);
       __syncthreads();  // X of the previous step written
-      // Eight keys' loads issued before their products, so that one warp per scheduler keeps
-      // several shared-memory loads in flight.
+      // Eight keys' loads issued before their products, so that a warp keeps several
+      // shared-memory loads in flight.
       constexpr int KB = 8;
 #pragma unroll
       for (int k0 = 0; k0 < DK; k0 += KB) {
         float mik[KB];
-        float4 x0[KB], x1[KB];
+        float4 xk[KB][TC / 4];
 #pragma unroll
         for (int u = 0; u < KB; ++u) {
           mik[u] = m[(k0 + u) * DK];  // M[i][k]
-          x0[u] = *reinterpret_cast<const float4*>(xs + (k0 + u) * NC);
-          x1[u] = *reinterpret_cast<const float4*>(xs + (k0 + u) * NC + 4);
+#pragma unroll
+          for (int q = 0; q < TC / 4; ++q) xk[u][q] = *reinterpret_cast<const float4*>(xs + (k0 + u) * NC + ct + 4 * q);
         }
 #pragma unroll
-        for (int u = 0; u < KB; ++u) {
-          acc[0] = fmaf(mik[u], x0[u].x, acc[0]);
-          acc[1] = fmaf(mik[u], x0[u].y, acc[1]);
-          acc[2] = fmaf(mik[u], x0[u].z, acc[2]);
-          acc[3] = fmaf(mik[u], x0[u].w, acc[3]);
-          acc[4] = fmaf(mik[u], x1[u].x, acc[4]);
-          acc[5] = fmaf(mik[u], x1[u].y, acc[5]);
-          acc[6] = fmaf(mik[u], x1[u].z, acc[6]);
-          acc[7] = fmaf(mik[u], x1[u].w, acc[7]);
-        }
+        for (int u = 0; u < KB; ++u)
+#pragma unroll
+          for (int q = 0; q < TC / 4; ++q) {
+            acc[4 * q] = fmaf(mik[u], xk[u][q].x, acc[4 * q]);
+            acc[4 * q + 1] = fmaf(mik[u], xk[u][q].y, acc[4 * q + 1]);
+            acc[4 * q + 2] = fmaf(mik[u], xk[u][q].z, acc[4 * q + 2]);
+            acc[4 * q + 3] = fmaf(mik[u], xk[u][q].w, acc[4 * q + 3]);
+          }
       }
     }
     __syncthreads();  // every thread is done reading X and this step's buffer
     if (tid == 0) issue(s + 2);
 #pragma unroll
-    for (int j = 0; j < NC; ++j) xs[i * NC + j] = acc[j];
-    if (!skip) store8(e, acc);
-    if (s + 1 == nseg && p.want_final_state) store8(p.final_state + (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv, acc);
+    for (int j = 0; j < TC; ++j) xs[i * NC + ct + j] = acc[j];
+    if (!skip) store(e, acc);
+    if (s + 1 == nseg && p.want_final_state) store(p.final_state + (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv, acc);
   }
 }
 

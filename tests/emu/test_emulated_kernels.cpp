@@ -583,7 +583,8 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
 
   static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
   run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
-           DK, [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
+           cuda::cp_scan_threads<DK>(),
+           [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
 
   const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
   static_assert(cuda::cp_fix_smem_bytes<128>() <= sizeof(cuda::smem_raw));
