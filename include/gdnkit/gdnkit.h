@@ -90,9 +90,10 @@ struct Problem {
   // Optional planning hint: the longest sequence's length (0: unknown; the planner then models
   // equal lengths T / N and, for a packed batch that this leaves unsplit, also the worst case of
   // one sequence of T tokens: it splits where that pays, T / N is longer than that split's
-  // segments and equal lengths cost at most ~5% more by its model). Any value in [0, T] gives correct results; it sets whether and how finely the CUDA
-  // planner splits sequences (Options::segments), so the speed and the split's workspace depend
-  // on it: a hint far below the real longest length makes many short segments.
+  // segments and equal lengths cost at most ~5% more by its model). Any value in [0, T] gives
+  // correct results; it sets whether and how finely the CUDA planner splits sequences
+  // (Options::segments), so the speed and the split's workspace depend on it: a hint far below
+  // the real longest length makes many short segments.
   std::int64_t max_seq_len = 0;
 };
 

@@ -268,11 +268,11 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
 // single-sequence rows (docs/perf-notes.md, "Context parallelism"): a fused walk-list CTA takes
 // about 5.4 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one,
 // plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves.
-// A scan step (one segment, launch gaps included) about 4.5 us, the launches about 8 us (fitted with four); the
-// correction moves map_o and o (read and written) of the rows after each sequence's first segment
-// at about 1.8 TB/s. The unsplit split-path walk
-// takes 3.0 / 3.2 / 4.0 / 5.0 us per chunk with 1 / 2 / 4 / 8 warps per CTA. The planner splits
-// only where the estimate is under 85% of the unsplit one.
+// A scan step (one segment, launch gaps included) about 4.5 us, the launches about 8 us (fitted
+// with four); the correction moves map_o and o (read and written) of the rows after each
+// sequence's first segment at about 1.8 TB/s. The unsplit split-path walk takes 3.0 / 3.2 / 4.0 /
+// 5.0 us per chunk with 1 / 2 / 4 / 8 warps per CTA. The planner splits only where the estimate
+// is under 85% of the unsplit one.
 constexpr double kStepFused128 = 5.4, kStepFused64 = 4.8, kScanStep = 4.5, kCpLaunches = 8.0;
 constexpr double kFixBytesPerUs = 1.8e6;
 
@@ -399,8 +399,11 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb, true);
   if (k1 == nullptr || !walk_runs_on(*k1, c) || !fits(*k1, smem_optin))
     return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
-  const std::size_t bytes =
-      cp_workspace(CpLayout::of(s.T, n, best.seg_tokens), n, s.T, static_cast<int>(s.H), s.dk, s.dv).bytes;
+  const CpLayout layout = CpLayout::of(s.T, n, best.seg_tokens);
+  if (layout.cap1 > std::int64_t(kCtaWalks) * 65535)  // stage 1's CTAs keep at most kCtaWalks walks each
+    return unsupported("at most " + str(std::int64_t(kCtaWalks) * 65535) + " walks in stage 1; this split has " +
+                       str(layout.cap1));
+  const std::size_t bytes = cp_workspace(layout, n, s.T, static_cast<int>(s.H), s.dk, s.dv).bytes;
   if (!forced && bytes > (std::size_t(1) << 30)) return;  // not worth a gigabyte of scratch
   if (bytes > (std::size_t(16) << 30))  // e.g. a max_seq_len far below the real lengths: tiny segments
     return unsupported("at most 16 GiB of workspace; this split needs " + str(static_cast<std::int64_t>(bytes >> 20)) +
