@@ -479,7 +479,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
       probe.print("aux: EMPTY | ahead | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
-                  "diagonal | rows 1 2 3 | tail | V + FULL");
+                  "diagonal | block rows | tail | V + FULL");
       ++j;
       if (!more) break;
       cur = nxt;

@@ -216,7 +216,8 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 // warps (warp w of the 128 threads). At (ld LDA) holds A; on return its diagonal blocks hold Tu's
 // and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
 // Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() is a barrier of the four warps; the
-// caller's barrier must separate the writes of A from this call, and this call ends with one.
+// caller's barrier must separate the writes of A from this call, and this call ends with one
+// (after the diagonal blocks, and after the block rows when nb > 1).
 // Each block of Tu is also handed to the caller as it is formed, in registers: emit_diag(x) by lane
 // j < 16 of warp b with x = column j of the diagonal block b, emit_block(I, J, nt, o) by every lane
 // of a warp with o = the mma C fragment of columns [8 nt, 8 nt + 8) of block (I, J).
@@ -225,7 +226,9 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 //   2. block rows I = 1 .. nb - 1: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, on
 //      mma.sync with tf32 operands split as hi + lo (mma1688_3xtf32). Warp w computes the 8
 //      columns w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1 (w >= 2), which balances
-//      the M sums; R goes through the warp's scratch into B fragments.
+//      the M sums; R goes through the warp's scratch into B fragments. A block's sum reads only
+//      diagonal blocks and blocks of its own columns, i.e. the warp's own earlier results, so the
+//      warps run their block rows without waiting for each other (one barrier at the end).
 template <int LDA, int LDR, class Sync, class EmitDiag, class EmitBlock>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
                                                   Sync&& sync, EmitDiag&& emit_diag, EmitBlock&& emit_block) {
@@ -293,8 +296,9 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
       *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(o[2], o[3]);
       emit_block(I, J, nt, o);
     }
-    sync();
+    __syncwarp();  // the warp's Tl rows, before its next block row reads them
   }
+  if (nb > 1) sync();
 }
 
 // grid = (ceil(T / 64) + N, H); 128 threads. One (chunk slot, head) per CTA; empty slots exit.
