@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Host time of one Python call of gdnkit, several variants alternated in one process.
+
+    PYTHONPATH=build-gpu/python python3 bench/python_host_probe.py [--reps 600]
+
+Times the call itself (the GPU work is queued, then waited for outside the timed span) for the
+split row qwen35tp8-2x8-b1-t8192 as the planner runs it, unsplit (segments=1) and with the
+max_seq_len hint, for fixed-b1-t512, and for one torch launch (x.add_(1)) as the machine's yardstick;
+prints the medians."""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+bench.torch = torch
+import gdnkit  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=600)
+    args = ap.parse_args()
+    split = bench.make_inputs(dict(lens=[8192], Hq=2, Hk=2, Hv=8, dk=128, dv=128), seed=7)
+    small = bench.make_inputs(dict(lens=[512], Hq=64, Hk=64, Hv=64, dk=128, dv=128), seed=7)
+    y = torch.zeros(1024, device="cuda")
+
+    def call(x, **kw):
+        return lambda: gdnkit.chunk_gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
+                                                     cu_seqlens=x["cu_seqlens"], **kw)
+    variants = {"tp8-t8192, planner (split)": call(split),
+                "tp8-t8192, segments=1": call(split, segments=1),
+                "tp8-t8192, max_seq_len": call(split, max_seq_len=8192),
+                "fixed-b1-t512": call(small),
+                "torch x.add_(1)": lambda: y.add_(1)}
+    times = {k: [] for k in variants}
+    for fn in variants.values():
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(args.reps):
+        for k, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+    for k, v in times.items():
+        print(f"{k:28s} {1e6 * statistics.median(v):7.1f} us")
+
+
+if __name__ == "__main__":
+    main()
