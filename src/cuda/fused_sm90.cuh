@@ -448,13 +448,14 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       probe.mark();
       const ChunkPos nxt = chunks.next(cur);
       const bool more = chunks.valid(nxt);
+      const int nrows = cur.nrows();
+      // Chunk j - 2 is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - 2).
+      if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j])
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % 2)[0] = more ? nxt.c0 : -1;
         F::ahead(smem, j % 2)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
       }
-      const int nrows = cur.nrows();
-      if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);  // chunk j - 2 is done with
       probe.mark();
       probe.mark();
       const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
@@ -478,7 +479,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
-      probe.print("aux: EMPTY | ahead | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
+      probe.print("aux: EMPTY, ahead | - | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
                   "diagonal | block rows | tail | V + FULL");
       ++j;
       if (!more) break;
