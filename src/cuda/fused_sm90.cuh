@@ -457,7 +457,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         F::ahead(smem, j % 2)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
       }
       probe.mark();
-      probe.mark();
       const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
       probe.mark();
 #if GDNKIT_FUSED_PROBE_SKIP != 3
@@ -479,7 +478,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % 2, F::kThreads);
       probe.mark();
-      probe.print("aux: EMPTY, ahead | - | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
+      probe.print("aux: EMPTY, ahead | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
                   "diagonal | block rows | tail | V + FULL");
       ++j;
       if (!more) break;
