@@ -7,8 +7,9 @@
 //                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
 //                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
-//                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo from the inverse's
-//                      registers, straight into the 128-byte-swizzled tiles the walk's wgmma reads.
+//                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo (the blocks left of
+//                      the diagonal from the inverse's registers, the diagonal ones from At at the
+//                      end), straight into the 128-byte-swizzled tiles the walk's wgmma reads.
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p), then the wgmma walk's chunk step (walk_chunk
@@ -221,10 +222,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   named_sync(F::kBarAux, 128);  // G published
   probe.mark();
 
-  // A = diag(beta) (K K^T) .* D with the decay D_ij = exp(G_i - G_j) (j <= i, else 0; block row w,
-  // tiles left of and on the diagonal, by warp w), so that the inverse of I + strict_lower(A) is
-  // D .* Tu (a similarity by diag(exp(G))) and Mt below needs no exponentials. Every exponent is
-  // <= 0: nothing overflows for any gates.
+  // A = diag(beta) (K K^T) .* D with the decay D_ij = exp(G_i - G_j) (j <= i, else 0), so that the
+  // inverse of I + strict_lower(A) is D .* Tu (a similarity by diag(exp(G))) and Mt below needs no
+  // exponentials. Every exponent is <= 0: nothing overflows for any gates. Block row w (tiles left of
+  // and on the diagonal) by warp w.
   const int i0 = 16 * warp + g;
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   const float b[2] = {bs[i0], bs[i0 + 8]};
@@ -245,11 +246,13 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   }
   named_sync(F::kBarAux, 128);
   probe.mark();
-  // The inverse D .* Tu, and Mt = (D .* Tu) diag(beta) as hi + lo straight from its registers as
-  // each block is formed: the diagonal blocks by columns (lane j < 16 of warp w holds column
-  // 16 w + j), the blocks left of the diagonal as mma fragments. The blocks right of the diagonal
-  // are zero from the kernel's start (zero_record_tiles) and never written; a tail chunk zeroes
-  // the block rows at or past nb, which the inverse leaves alone.
+  // The inverse D .* Tu, and Mt = (D .* Tu) diag(beta) as hi + lo: the blocks left of the diagonal
+  // straight from the inverse's registers (mma fragments) as each is formed; the diagonal blocks
+  // from At once the block rows are done, by warps 2 and 3, whose block rows are the shorter ones
+  // (7 block products against 9), with every lane: writing them right after the substitution,
+  // 16 lanes a column each, had kept the block rows of every warp waiting. The blocks right of the
+  // diagonal are zero from the kernel's start (zero_record_tiles) and never written; a tail chunk
+  // zeroes the block rows at or past nb, which the inverse leaves alone.
   unsigned char* const Mh = rec;
   unsigned char* const Ml = rec + F::m_bytes;
   auto put_pair = [&](int r, int c, float v0, float v1) {  // Mt[r][c], Mt[r][c + 1] (c even)
@@ -259,17 +262,26 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     *reinterpret_cast<std::uint32_t*>(Mh + off) = hi;
     *reinterpret_cast<std::uint32_t*>(Ml + off) = pack2<T>(v0 - hf.x, v1 - hf.y);
   };
-  auto emit_diag = [&](const float (&x)[16]) {
-    const int c = 16 * warp + lane;
-    const float bc = bs[c];
+  // Diagonal block bd of Mt: lane l writes row 16 bd + l % 16, columns 16 bd + 8 (l / 16) .. + 7,
+  // one 16-byte piece per tile (conflict-free: eight rows of one column piece per quarter warp).
+  auto emit_diag = [&](int bd) {
+    const int r = 16 * bd + lane % 16, c = 16 * bd + 8 * (lane / 16);
+    const float4 x0 = *reinterpret_cast<const float4*>(At + r * LDA + c);
+    const float4 x1 = *reinterpret_cast<const float4*>(At + r * LDA + c + 4);
+    const float4 b0 = *reinterpret_cast<const float4*>(bs + c);
+    const float4 b1 = *reinterpret_cast<const float4*>(bs + c + 4);
+    const float v[8] = {x0.x * b0.x, x0.y * b0.y, x0.z * b0.z, x0.w * b0.w,
+                        x1.x * b1.x, x1.y * b1.y, x1.z * b1.z, x1.w * b1.w};
+    std::uint32_t wh[4], wl[4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float v = x[i] * bc;
-      const std::uint32_t hi = pack2<T>(v, 0.0f);
-      const std::uint32_t off = swizzle128(16 * warp + i, c / 8) + 2 * (c % 8);
-      *reinterpret_cast<std::uint16_t*>(Mh + off) = static_cast<std::uint16_t>(hi);
-      *reinterpret_cast<std::uint16_t*>(Ml + off) = static_cast<std::uint16_t>(pack2<T>(v - unpack2<T>(hi).x, 0.0f));
+    for (int q = 0; q < 4; ++q) {
+      wh[q] = pack2<T>(v[2 * q], v[2 * q + 1]);
+      const float2 hf = unpack2<T>(wh[q]);
+      wl[q] = pack2<T>(v[2 * q] - hf.x, v[2 * q + 1] - hf.y);
     }
+    const std::uint32_t off = swizzle128(r, c / 8);
+    *reinterpret_cast<uint4*>(Mh + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
+    *reinterpret_cast<uint4*>(Ml + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
   };
   auto emit_block = [&](int I, int J, int nt, const float (&o)[4]) {
     const int c = 16 * J + 8 * nt + 2 * t;
@@ -283,7 +295,14 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
         named_sync(F::kBarAux, 128);
         probe.mark();
       },
-      emit_diag, emit_block);
+      emit_block,
+      [&] {  // no barrier: each thread's FULL arrival follows its own stores (the caller's fence)
+        if (warp >= 2) {
+          const int b0 = 2 * (warp - 2);
+          if (b0 < nb) emit_diag(b0);
+          if (b0 + 1 < nb) emit_diag(b0 + 1);
+        }
+      });
   if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero
     for (int idx = tid; idx < 2 * (kChunk - 16 * nb) * 8; idx += 128) {
       const int c = idx % 8, r = 16 * nb + (idx / 8) % (kChunk - 16 * nb);

@@ -216,11 +216,13 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 // warps (warp w of the 128 threads). At (ld LDA) holds A; on return its diagonal blocks hold Tu's
 // and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
 // Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() is a barrier of the four warps; the
-// caller's barrier must separate the writes of A from this call, and this call ends with one
-// (after the diagonal blocks, and after the block rows when nb > 1).
-// Each block of Tu is also handed to the caller as it is formed, in registers: emit_diag(x) by lane
-// j < 16 of warp b with x = column j of the diagonal block b, emit_block(I, J, nt, o) by every lane
-// of a warp with o = the mma C fragment of columns [8 nt, 8 nt + 8) of block (I, J).
+// caller's barrier must separate the writes of A from this call, and one separates the diagonal
+// blocks from the block rows. finish() is called by every warp once its block rows are done (the
+// diagonal blocks of Tu are in At by then): the prep kernel's is a barrier when nb > 1, the fused
+// kernel's writes the diagonal blocks of Mt.
+// Each block of Tu left of the diagonal is also handed to the caller as it is formed, in registers:
+// emit_block(I, J, nt, o) by every lane of a warp with o = the mma C fragment of columns
+// [8 nt, 8 nt + 8) of block (I, J).
 //   1. warp b inverts diagonal block b by forward substitution, lane j < 16 solving column j:
 //      x_i = [i == j] - sum_{m < i} A_im x_m (zero above the diagonal);
 //   2. block rows I = 1 .. nb - 1: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, on
@@ -229,9 +231,9 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 //      the M sums; R goes through the warp's scratch into B fragments. A block's sum reads only
 //      diagonal blocks and blocks of its own columns, i.e. the warp's own earlier results, so the
 //      warps run their block rows without waiting for each other (one barrier at the end).
-template <int LDA, int LDR, class Sync, class EmitDiag, class EmitBlock>
+template <int LDA, int LDR, class Sync, class EmitBlock, class Finish>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
-                                                  Sync&& sync, EmitDiag&& emit_diag, EmitBlock&& emit_block) {
+                                                  Sync&& sync, EmitBlock&& emit_block, Finish&& finish) {
   static_assert(LDA % 4 == 0, "16-byte rows");
   const int g = lane / 4, t = lane % 4;
   if (warp < nb) {
@@ -256,7 +258,6 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
     if (lane < 16) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) Ab[i * LDA + lane] = x[i];
-      emit_diag(x);
     }
   }
   sync();
@@ -298,7 +299,7 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
     }
     __syncwarp();  // the warp's Tl rows, before its next block row reads them
   }
-  if (nb > 1) sync();
+  finish();
 }
 
 // grid = (ceil(T / 64) + N, H); 128 threads. One (chunk slot, head) per CTA; empty slots exit.
@@ -398,7 +399,9 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   // Tu (fp32), in place of A's diagonal blocks and in Tl.
   invert_unit_lower<LDA, LDR>(
       At, Tl, reinterpret_cast<float*>(smem + L::off_r), nb, warp, lane, [] { __syncthreads(); },
-      [](const float (&)[16]) {}, [](int, int, int, const float (&)[4]) {});
+      [](int, int, int, const float (&)[4]) {}, [&] {
+        if (nb > 1) __syncthreads();
+      });
 
   // Mt block rows [0, nb) as hi + lo (lower-block layout, zero above the diagonal and in the row
   // padding): hi = round(Mt), lo = round(Mt - hi). Thread (r, q) = (tid / 8, tid % 8) writes row
