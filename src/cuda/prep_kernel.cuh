@@ -230,7 +230,7 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 //      columns w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1 (w >= 2), which balances
 //      the M sums; R goes through the warp's scratch into B fragments. A block's sum reads only
 //      diagonal blocks and blocks of its own columns, i.e. the warp's own earlier results, so the
-//      warps run their block rows without waiting for each other (one barrier at the end).
+//      warps run their block rows without waiting for each other (finish() ends the call).
 template <int LDA, int LDR, class Sync, class EmitBlock, class Finish>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
                                                   Sync&& sync, EmitBlock&& emit_block, Finish&& finish) {
