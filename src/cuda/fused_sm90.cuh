@@ -302,6 +302,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
           if (b0 < nb) emit_diag(b0);
           if (b0 + 1 < nb) emit_diag(b0 + 1);
         }
+        probe.mark();  // the probe's "block rows" (thread 0: warp 0's rows)
       });
   if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero
     for (int idx = tid; idx < 2 * (kChunk - 16 * nb) * 8; idx += 128) {
