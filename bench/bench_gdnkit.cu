@@ -1,8 +1,9 @@
 // C++ benchmark driver: times gdnkit's CUDA path on the rows of bench/rows.json.
 //
 // For each row: cuLA's input recipe (q = 0.03 randn, k = 0.01 randn, v = 0.1 randn in bf16,
-// g = log(alpha) with alpha in [0.85, 0.95), beta in [0, 0.5), packed varlen, no states), drawn on
-// the device. Device time: CUDA events around back-to-back launches after warm-up, rotating over
+// g = log(alpha) with alpha in [0.85, 0.95), beta in [0, 0.5) in f32, packed varlen, no states),
+// drawn on the device; --gate-linear passes alpha itself (GateSpace::linear), --beta-bf16 stores
+// beta as bf16 (what a model's sigmoid in bf16 hands over). Device time: CUDA events around back-to-back launches after warm-up, rotating over
 // enough input copies to exceed the L2 cache, median of repeats. Host time: wall time of one
 // Plan::run call (enqueue only), median.
 //
@@ -80,10 +81,15 @@ __global__ void fill_normal_bf16(__nv_bfloat16* out, long long n, float stddev, 
   }
 }
 
-__global__ void fill_gates(float* g, float* beta, long long n, unsigned long long seed) {
+// g = log(alpha), or alpha itself with linear gates; beta as f32 or (beta_bf16) bf16.
+__global__ void fill_gates(float* g, void* beta, bool linear, bool beta_bf16, long long n, unsigned long long seed) {
   for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += 256ll * gridDim.x) {
-    g[i] = logf(0.85f + 0.1f * hash_uniform(seed, 2 * i));
-    beta[i] = 0.5f * hash_uniform(seed, 2 * i + 1);
+    const float alpha = 0.85f + 0.1f * hash_uniform(seed, 2 * i), b = 0.5f * hash_uniform(seed, 2 * i + 1);
+    g[i] = linear ? alpha : logf(alpha);
+    if (beta_bf16)
+      static_cast<__nv_bfloat16*>(beta)[i] = __float2bfloat16(b);
+    else
+      static_cast<float*>(beta)[i] = b;
   }
 }
 
@@ -94,14 +100,15 @@ double median(std::vector<double> v) {
 
 struct InputSet {
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
-  float *g = nullptr, *beta = nullptr;
+  float* g = nullptr;
+  void* beta = nullptr;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string rows_path = "bench/rows.json", only, kernels, segments;
-  bool json = false, hint = true;
+  bool json = false, hint = true, gate_linear = false, beta_bf16 = false;
   int reps = 20;
   float cutoff = 0.0f;
   for (int i = 1; i < argc; ++i) {
@@ -114,13 +121,17 @@ int main(int argc, char** argv) {
     else if (a == "--split-decay-cutoff" && i + 1 < argc) cutoff = std::strtof(argv[++i], nullptr);
     else if (a == "--json") json = true;
     else if (a == "--no-hint") hint = false;
+    else if (a == "--gate-linear") gate_linear = true;
+    else if (a == "--beta-bf16") beta_bf16 = true;
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--no-hint] [--json]\n"
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--no-hint] [--gate-linear] [--beta-bf16] [--json]\n"
                            "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
                            "             planner's choice, side by side; rows a kernel cannot run are skipped\n"
                            "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n"
                            "  --split-decay-cutoff: Options::split_decay_cutoff of every plan (0: exact)\n"
-                           "  --no-hint: plan without Problem::max_seq_len (the packed lengths unknown to the host)\n");
+                           "  --no-hint: plan without Problem::max_seq_len (the packed lengths unknown to the host)\n"
+                           "  --gate-linear: gates passed as alpha (GateSpace::linear) instead of log(alpha)\n"
+                           "  --beta-bf16: beta stored as bf16 instead of f32\n");
       return 2;
     }
   }
@@ -143,6 +154,8 @@ int main(int argc, char** argv) {
     if (hint) p.max_seq_len = *std::max_element(row.lens.begin(), row.lens.end());  // the hint a server has
     p.num_q_heads = row.hq, p.num_k_heads = row.hk, p.num_v_heads = row.hv;
     p.head_dim_k = row.dk, p.head_dim_v = row.dv;
+    if (gate_linear) p.gate_space = gdnkit::GateSpace::linear;
+    if (beta_bf16) p.beta_dtype = gdnkit::DType::bf16;
     const int H = std::max(row.hq, row.hv);
     const long long T = p.total_tokens;
     // The planner's choice, or each kernel of --kernels that accepts the row.
@@ -201,7 +214,7 @@ int main(int argc, char** argv) {
       fill_normal_bf16<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(x.q), nq, 0.03f, seed);
       fill_normal_bf16<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(x.k), nk, 0.01f, seed + 1);
       fill_normal_bf16<<<1024, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(x.v), nv, 0.1f, seed + 2);
-      fill_gates<<<1024, 256, 0, stream>>>(x.g, x.beta, T * H, seed + 3);
+      fill_gates<<<1024, 256, 0, stream>>>(x.g, x.beta, gate_linear, beta_bf16, T * H, seed + 3);
     }
     void* cu = nullptr;
     check(cudaMalloc(&cu, cu_host.size() * 4), "malloc");

@@ -12,7 +12,7 @@
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
 #                                                PROFILE_KERNELS=fused for the fused kernel)
-#   STAGES="build ab" AB_BASE=build-ab/base-src AB_ROWS=... AB_KERNELS=... bash scripts/gpu_check.sh
+#   STAGES="build ab" AB_BASE=build-ab/base-src AB_ROWS=... AB_KERNELS=... [AB_ARGS=--beta-bf16] bash scripts/gpu_check.sh
 #       (A/B in one run: bench_gdnkit of other source trees, e.g. `git archive main | tar -x -C
 #        build-ab/base-src`, against this one, alternating, two rounds; AB_BASE may name several
 #        trees; carry them along)
@@ -145,7 +145,7 @@ if has ab; then
   for round in 1 2; do
     for bin in "${sides[@]}"; do
       echo "== $bin (round $round)"
-      "$bin" --reps 10 --only "$rows" $kernels 2>&1 | grep -v '^#'
+      "$bin" --reps 10 --only "$rows" $kernels ${AB_ARGS:-} 2>&1 | grep -v '^#'
     done
   done | tee "$OUT/ab.txt"
 fi

@@ -459,7 +459,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
     }
 #endif
     zero_record_tiles<F>(smem, tid);  // ordered before the records' writes by fused_record's first barrier
-    float gb_cur = load_gate_beta(p, cur.c0, cur.nrows(), h, tid);
+    // The next chunk's gate or beta stays a loaded word until its record (load_gate_beta_bits):
+    // the load is in flight during this record.
+    std::uint32_t gb_cur = load_gate_beta_bits(p, cur.c0, cur.nrows(), h, tid);
     for (;;) {
       FusedProbe probe;
 #ifdef GDNKIT_FUSED_PROBE
@@ -477,7 +479,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         F::ahead(smem, j % 2)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
       }
       probe.mark();
-      const float gb_next = more ? load_gate_beta(p, nxt.c0, nxt.nrows(), h, tid) : 0.0f;
+      const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
       probe.mark();
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
@@ -489,7 +491,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       }
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
-                          reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes), gb_cur, nrows,
+                          reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes),
+                          gate_beta_value(p, gb_cur, tid), nrows,
                           tid, probe);
 #endif
 #if GDNKIT_FUSED_PROBE_SKIP != 3

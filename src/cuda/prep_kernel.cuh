@@ -179,20 +179,39 @@ __device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const float* a, int ld
 }
 
 // The gate of row tid (tid < 64) or the beta of row tid - 64 (64 <= tid < 128) of the chunk at
-// token c0 (nrows valid rows), output head h. Rows past the chunk's end get 0: a neutral gate
-// (exp(0) = 1) and no update. Linear gates are taken to log space.
-__device__ __forceinline__ float load_gate_beta(const ChunkedParams& p, std::int64_t c0, int nrows, int h, int tid) {
+// token c0 (nrows valid rows), output head h, in two halves: load_gate_beta_bits issues the load
+// and returns the word as loaded (a 16-bit beta in the low half), gate_beta_value converts it. A
+// caller that keeps the word until it needs the value keeps the load in flight: converting at once
+// (a 16-bit beta's widening, a linear gate's log) makes the warp wait there for the load. Rows past
+// the chunk's end get 0: a neutral gate (exp(0) = 1) and no update. Linear gates are taken to log
+// space.
+__device__ __forceinline__ std::uint32_t load_gate_beta_bits(const ChunkedParams& p, std::int64_t c0, int nrows, int h,
+                                                             int tid) {
   if (tid < kChunk) {
-    float gv = 0.0f;
-    if (tid < nrows && p.has_gate) {
-      gv = p.g[(c0 + tid) * p.g_token + static_cast<std::int64_t>(h) * p.g_head];
-      if (p.gate_linear) gv = logf(fmaxf(gv, FLT_MIN));
-    }
-    return gv;
+    if (tid < nrows && p.has_gate)
+      return __float_as_uint(p.g[(c0 + tid) * p.g_token + static_cast<std::int64_t>(h) * p.g_head]);
+    return __float_as_uint(p.gate_linear ? 1.0f : 0.0f);  // log 1 = 0
   }
   const int i = tid - kChunk;
-  if (i >= nrows) return 0.0f;
-  return p.has_beta ? load_beta(p, (c0 + i) * p.beta_token + static_cast<std::int64_t>(h) * p.beta_head) : 1.0f;
+  if (i >= nrows) return 0u;  // 0 in every beta type
+  if (!p.has_beta) return p.beta_dtype == kBetaBF16 ? 0x3f80u : p.beta_dtype == kBetaF16 ? 0x3c00u : 0x3f800000u;  // 1
+  const std::int64_t idx = (c0 + i) * p.beta_token + static_cast<std::int64_t>(h) * p.beta_head;
+  return p.beta_dtype == kBetaF32 ? static_cast<const std::uint32_t*>(p.beta)[idx]
+                                  : static_cast<const unsigned short*>(p.beta)[idx];
+}
+__device__ __forceinline__ float gate_beta_value(const ChunkedParams& p, std::uint32_t bits, int tid) {
+  if (tid < kChunk) {
+    const float gv = __uint_as_float(bits);
+    return p.gate_linear ? logf(fmaxf(gv, FLT_MIN)) : gv;
+  }
+  switch (p.beta_dtype) {
+    case kBetaBF16: return __uint_as_float(bits << 16);
+    case kBetaF16: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    default: return __uint_as_float(bits);
+  }
+}
+__device__ __forceinline__ float load_gate_beta(const ChunkedParams& p, std::int64_t c0, int nrows, int h, int tid) {
+  return gate_beta_value(p, load_gate_beta_bits(p, c0, nrows, h, tid), tid);
 }
 
 // G = inclusive cumsum of the chunk's 64 gates gs, in every lane of the calling warp:

@@ -102,12 +102,4 @@ using FragC = wm::fragment<wm::accumulator, 16, 16, 16, float>;
 
 constexpr std::size_t align128(std::size_t x) { return (x + 127) / 128 * 128; }
 
-__device__ __forceinline__ float load_beta(const ChunkedParams& p, std::int64_t idx) {
-  switch (p.beta_dtype) {
-    case kBetaBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[idx]);
-    case kBetaF16: return __half2float(static_cast<const __half*>(p.beta)[idx]);
-    default: return static_cast<const float*>(p.beta)[idx];
-  }
-}
-
 }  // namespace gdnkit::cuda
