@@ -8,8 +8,9 @@
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
 //                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
 //                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo (the blocks left of
-//                      the diagonal from the inverse's registers, the diagonal ones from At at the
-//                      end), straight into the 128-byte-swizzled tiles the walk's wgmma reads.
+//                      the diagonal from the inverse's registers, the diagonal ones from At before
+//                      the block rows), straight into the 128-byte-swizzled tiles the walk's wgmma
+//                      reads.
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p), then the wgmma walk's chunk step (walk_chunk
@@ -248,9 +249,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   probe.mark();
   // The inverse D .* Tu, and Mt = (D .* Tu) diag(beta) as hi + lo: the blocks left of the diagonal
   // straight from the inverse's registers (mma fragments) as each is formed; the diagonal blocks
-  // from At once the block rows are done, by warps 2 and 3, whose block rows are the shorter ones
-  // (7 block products against 9), with every lane: writing them right after the substitution,
-  // 16 lanes a column each, had kept the block rows of every warp waiting. The blocks right of the
+  // from At by warps 2 and 3, whose block rows are the shorter ones (7 block products against 9),
+  // with every lane, after the barrier that ends the substitution and before their rows: writing
+  // them before that barrier, 16 lanes a column each, had kept the block rows of every warp
+  // waiting, and after the rows their latency was on the record's path. The blocks right of the
   // diagonal are zero from the kernel's start (zero_record_tiles) and never written; a tail chunk
   // zeroes the block rows at or past nb, which the inverse leaves alone.
   unsigned char* const Mh = rec;
@@ -294,14 +296,14 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
       [&] {
         named_sync(F::kBarAux, 128);
         probe.mark();
-      },
-      emit_block,
-      [&] {  // no barrier: each thread's FULL arrival follows its own stores (the caller's fence)
-        if (warp >= 2) {
+        if (warp >= 2) {  // before the block rows, whose loads' latency hides these stores
           const int b0 = 2 * (warp - 2);
           if (b0 < nb) emit_diag(b0);
           if (b0 + 1 < nb) emit_diag(b0 + 1);
         }
+      },
+      emit_block,
+      [&] {  // no barrier: each thread's FULL arrival follows its own stores (the caller's fence)
         probe.mark();  // the probe's "block rows" (thread 0: warp 0's rows)
       });
   if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero

@@ -234,11 +234,11 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 // Tu = (I + A)^-1 for the strictly lower A of block rows [0, nb), in fp32 arithmetic, by four
 // warps (warp w of the 128 threads). At (ld LDA) holds A; on return its diagonal blocks hold Tu's
 // and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
-// Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() is a barrier of the four warps; the
-// caller's barrier must separate the writes of A from this call, and one separates the diagonal
-// blocks from the block rows. finish() is called by every warp once its block rows are done (the
-// diagonal blocks of Tu are in At by then): the prep kernel's is a barrier when nb > 1, the fused
-// kernel's writes the diagonal blocks of Mt.
+// Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() separates the diagonal blocks from
+// the block rows: a barrier of the four warps (after it the diagonal blocks of Tu are in At; the
+// fused kernel's then writes Mt's). The caller's barrier must separate the writes of A from this
+// call. finish() is called by every warp once its block rows are done: the prep kernel's is a
+// barrier when nb > 1.
 // Each block of Tu left of the diagonal is also handed to the caller as it is formed, in registers:
 // emit_block(I, J, nt, o) by every lane of a warp with o = the mma C fragment of columns
 // [8 nt, 8 nt + 8) of block (I, J).
