@@ -3,9 +3,9 @@
 // For each row: cuLA's input recipe (q = 0.03 randn, k = 0.01 randn, v = 0.1 randn in bf16,
 // g = log(alpha) with alpha in [0.85, 0.95), beta in [0, 0.5) in f32, packed varlen, no states),
 // drawn on the device; --gate-linear passes alpha itself (GateSpace::linear), --beta-bf16 stores
-// beta as bf16 (what a model's sigmoid in bf16 hands over). Device time: CUDA events around back-to-back launches after warm-up, rotating over
-// enough input copies to exceed the L2 cache, median of repeats. Host time: wall time of one
-// Plan::run call (enqueue only), median.
+// beta as bf16 (what a model's sigmoid in bf16 hands over). Device time: CUDA events around
+// back-to-back launches after warm-up, rotating over enough input copies to exceed the L2 cache,
+// median of repeats. Host time: wall time of one Plan::run call (enqueue only), median.
 //
 //   bench_gdnkit --rows bench/rows.json [--only NAME,...] [--json]
 #include <cuda_bf16.h>
