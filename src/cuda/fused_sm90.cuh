@@ -62,6 +62,7 @@ struct FusedSm90 {
   // column blocks of 64 value columns.
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups> {
     static constexpr bool kVSwizzled = true;
+    static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };
   static constexpr int LDA = kChunk + 4;       // fp32 A / Tu rows (as in the prep kernel)
   static constexpr int LDR = 8;
