@@ -264,19 +264,23 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
 
 // ---- context parallelism (cp.h) -----------------------------------------------------------------
 //
-// Cost model, in microseconds of device time, fitted to H200 sweeps of options.segments on the
-// single-sequence rows (docs/perf-notes.md, "Context parallelism"): a fused walk-list CTA takes
-// about 5.4 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one,
-// plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves.
-// A scan step (one segment, launch gaps included) about 4.5 us, the launches about 8 us (fitted
-// with four); the correction moves map_o and o (read and written) of the rows after each
-// sequence's first segment at about 1.8 TB/s. The unsplit split-path walk takes 3.0 / 3.2 / 4.0 /
-// 5.0 us per chunk with 1 / 2 / 4 / 8 warps per CTA. The planner splits only where the estimate
-// is under 85% of the unsplit one.
-constexpr double kStepFused128 = 5.4, kStepFused64 = 4.8, kScanStep = 4.5, kCpLaunches = 8.0;
-constexpr double kFixBytesPerUs = 1.8e6;
+// Cost model, in microseconds of device time, fitted to H200 sweeps of options.segments
+// (docs/perf-notes.md, "Context parallelism" and "The planner refitted"): a fused walk-list CTA
+// takes about 4.9 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM
+// runs one, plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in
+// further waves. A scan step (one segment) about 4.5 us; the correction moves map_o and o (read
+// and written) of the rows after each sequence's first segment at about 2.2 TB/s; the launches
+// and the split's other fixed costs about 30 us. The unsplit split path: its walk 2.9 / 2.9 /
+// 3.4 / 4.4 us per chunk with 1 / 2 / 4 / 8 warps per CTA, its prep 0.0093 us per chunk and
+// walk (the records of every walk, spread over the SMs), and 20 us. Fitted on single sequences
+// of 8 to 64 heads, 2K to 128K tokens: every estimate within ~5% of the measured time. The
+// planner splits only where the estimate is under kSplitPays of the unsplit one.
+constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kScanStep = 4.5, kCpFixed = 30.0;
+constexpr double kFixBytesPerUs = 2.2e6;
+constexpr double kPrepPerWalkChunk = 0.0093, kSplitPathFixed = 20.0;
+constexpr double kSplitPays = 0.93;
 
-double split_step(int warps) { return warps <= 1 ? 3.0 : warps == 2 ? 3.2 : warps == 4 ? 4.0 : 5.0; }
+double walk_step(int warps) { return warps <= 2 ? 2.9 : warps == 4 ? 3.4 : 4.4; }
 double fused_step(int dvb) { return dvb == 128 ? kStepFused128 : kStepFused64; }
 std::int64_t waves(std::int64_t ctas, int sms) { return (ctas + sms - 1) / sms; }
 
@@ -284,8 +288,10 @@ std::int64_t waves(std::int64_t ctas, int sms) { return (ctas + sms - 1) / sms; 
 double unsplit_cost(const SplitKernel& k, const detail::Shape& s, int sms) {
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), chunks = (s.T / n + kChunk - 1) / kChunk;
   const int cols = 16 * k.warps;
-  return static_cast<double>(chunks) * (k.fused ? fused_step(cols) : split_step(k.warps)) *
-         static_cast<double>(waves((s.dv / cols) * s.H * n, sms));
+  const double walk = static_cast<double>(waves((s.dv / cols) * s.H * n, sms));
+  if (k.fused) return static_cast<double>(chunks) * fused_step(cols) * walk;
+  return static_cast<double>(chunks) * (walk_step(k.warps) * walk + kPrepPerWalkChunk * static_cast<double>(s.H * n)) +
+         kSplitPathFixed;
 }
 
 struct CpChoice {
@@ -317,7 +323,7 @@ double split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int 
                             : cut    ? static_cast<double>(n * (nseg - 1) * kCutChunks * kChunk)
                                      : static_cast<double>(n * (len - seg_chunks * kChunk));
   return stage1 + (cut ? 0.5 : 1.0) * kScanStep * static_cast<double>(nseg - 1) +
-         fixed_rows * row_bytes / kFixBytesPerUs + kCpLaunches + (cut ? 80.0 : 0.0);
+         fixed_rows * row_bytes / kFixBytesPerUs + kCpFixed + (cut ? 80.0 : 0.0);
 }
 
 // The cheapest split of the problem's sequences (equal lengths) into nseg segments, nseg in
@@ -340,7 +346,7 @@ CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut) {
 // Fills c's split fields (and its kernel name and workspace) when the problem is split: by
 // request (options.segments >= 2: segments of about 1/k of the longest sequence, Problem::
 // max_seq_len, or else of the mean length; an error where it cannot be) or where the cost model
-// puts the split below 85% of the unsplit kernel's time (options.segments == 0).
+// puts the split below kSplitPays (93%) of the unsplit kernel's time (options.segments == 0).
 void plan_split(const Problem& problem, const detail::Shape& s, const Options& options, Config& c, int smem_optin) {
   const int want = options.segments;
   if (want < 0) fail(K::invalid_value, "options.segments", "0 (the planner decides), 1 (never split) or k >= 2", str(want));
@@ -373,13 +379,12 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   if (best.nseg < 2 && forced)
     return unsupported("sequences of two chunks or more: the longest (Problem::max_seq_len) or else the mean is " +
                        str(lmax) + " tokens");
-  bool pays = best.nseg >= 2 && best.cost < 0.85 * unsplit_cost(*c.split, eq, c.sm_count);
+  bool pays = best.nseg >= 2 && best.cost < kSplitPays * unsplit_cost(*c.split, eq, c.sm_count);
   if (!forced && !pays && problem.has_cu_seqlens && problem.max_seq_len <= 0 && n > 1) {
     // Packed lengths unknown to the host: the mean may hide one long sequence, which alone sets
     // the unsplit time. Plan the segment length for the worst case, one sequence of T tokens, and
-    // take it where it pays there and, on equal lengths, costs at most 5% more than the unsplit
-    // kernel by the model: its error there (the unsplit estimates ran 2-7% under the measured
-    // times on four packed batches of 8 and 32 heads, the split's within 4%: perf-notes). The
+    // take it where it pays there (under 85%: a plan for lengths the host does not know) and, on
+    // equal lengths, costs at most 5% more than the unsplit kernel by the model (its error). The
     // device cuts each sequence by its own length: sequences no longer than a segment are walked
     // whole.
     detail::Shape one = s;

@@ -1223,12 +1223,22 @@ TEST_F(Cuda, ContextParallelPlanner) {
   cut.split_decay_cutoff = 1e-6f;
   const std::string next_long = Plan::create(problem(16, 32, 1, 65536, true), cut).kernel_name();
   const std::string next_short = Plan::create(problem(16, 32, 1, 4096, true), cut).kernel_name();
-  const std::string exact_long = Plan::create(problem(16, 32, 1, 65536, true)).kernel_name();
-  std::printf("planner, decay cutoff 1e-6: qwen3next b1 t65536 -> %s (exact: %s), t4096 -> %s\n", next_long.c_str(),
-              exact_long.c_str(), next_short.c_str());
+  std::printf("planner, decay cutoff 1e-6: qwen3next b1 t65536 -> %s, t4096 -> %s\n", next_long.c_str(),
+              next_short.c_str());
   if (hopper) EXPECT_NE(next_long.find("-decay-cut"), std::string::npos) << next_long;
   EXPECT_EQ(next_short.find("-cp"), std::string::npos) << next_short;
-  EXPECT_EQ(exact_long.find("-cp"), std::string::npos) << exact_long;
+  // Exact: one long sequence of 32 heads splits in two (the split path's 128 walk CTAs take
+  // ~3.2 us per chunk, the split's 96 fused CTAs ~4.9 us for half the chunks: 14% faster at 65536
+  // tokens on an H200, perf-notes), a short one (5% faster split, under the planner's margin) and
+  // one of 64 heads (slower split) do not.
+  const std::string exact_long = Plan::create(problem(16, 32, 1, 65536, true)).kernel_name();
+  const std::string exact_short = Plan::create(problem(16, 32, 1, 4096, true)).kernel_name();
+  const std::string exact_64 = Plan::create(problem(16, 64, 1, 32768, true)).kernel_name();
+  std::printf("planner, exact: qwen3next b1 t65536 -> %s, t4096 -> %s; qwen35 b1 t32768 -> %s\n", exact_long.c_str(),
+              exact_short.c_str(), exact_64.c_str());
+  if (hopper) EXPECT_NE(exact_long.find("-cp2"), std::string::npos) << exact_long;
+  EXPECT_EQ(exact_short.find("-cp"), std::string::npos) << exact_short;
+  EXPECT_EQ(exact_64.find("-cp"), std::string::npos) << exact_64;
 
   gdnkit::Options o;
   o.segments = -1;
