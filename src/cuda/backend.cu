@@ -14,6 +14,7 @@
 #include "cuda/backend.h"
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
+#include "cuda/cp_model.h"
 
 namespace gdnkit::cuda {
 
@@ -262,86 +263,7 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
   return split;
 }
 
-// ---- context parallelism (cp.h) -----------------------------------------------------------------
-//
-// Cost model, in microseconds of device time, fitted to H200 sweeps of options.segments
-// (docs/perf-notes.md, "Context parallelism" and "The planner refitted"): a fused walk-list CTA
-// takes about 4.9 us per 64-token chunk with 128 value columns and 4.8 us with 64 when every SM
-// runs one, plus about one chunk's time to fill its pipeline; CTAs beyond one per SM run in
-// further waves. A scan step (one segment) about 4.5 us; the correction moves map_o and o (read
-// and written) of the rows after each sequence's first segment at about 2.2 TB/s; the launches
-// and the split's other fixed costs about 30 us. The unsplit split path: its walk 2.9 / 2.9 /
-// 3.4 / 4.4 us per chunk with 1 / 2 / 4 / 8 warps per CTA, its prep 0.0093 us per chunk and
-// walk (the records of every walk, spread over the SMs), and 20 us. Fitted on single sequences
-// of 8 to 64 heads, 2K to 128K tokens: every estimate within ~5% of the measured time. The
-// planner splits only where the estimate is under kSplitPays of the unsplit one.
-constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kScanStep = 4.5, kCpFixed = 30.0;
-constexpr double kFixBytesPerUs = 2.2e6;
-constexpr double kPrepPerWalkChunk = 0.0093, kSplitPathFixed = 20.0;
-constexpr double kSplitPays = 0.93;
-
-double walk_step(int warps) { return warps <= 2 ? 2.9 : warps == 4 ? 3.4 : 4.4; }
-double fused_step(int dvb) { return dvb == 128 ? kStepFused128 : kStepFused64; }
-std::int64_t waves(std::int64_t ctas, int sms) { return (ctas + sms - 1) / sms; }
-
-// Estimated device time of the unsplit kernel k on the problem.
-double unsplit_cost(const SplitKernel& k, const detail::Shape& s, int sms) {
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1), chunks = (s.T / n + kChunk - 1) / kChunk;
-  const int cols = 16 * k.warps;
-  const double walk = static_cast<double>(waves((s.dv / cols) * s.H * n, sms));
-  if (k.fused) return static_cast<double>(chunks) * fused_step(cols) * walk;
-  return static_cast<double>(chunks) * (walk_step(k.warps) * walk + kPrepPerWalkChunk * static_cast<double>(s.H * n)) +
-         kSplitPathFixed;
-}
-
-struct CpChoice {
-  int nseg = 0, seg_tokens = 0, dvb = 0;
-  double cost = 0.0;
-};
-
-// The model's time of a split of the problem's sequences (equal lengths) into segments of
-// seg_chunks chunks, stage 1 on dvb-column CTAs; a sequence no longer than a segment is walked
-// whole (the device cuts each sequence by its own length). With the decay shortcut (cut) the map
-// walks and the corrections are taken to stop after kCutChunks chunks (the gates are on the
-// device: this is the model of decaying gates the option is meant for).
-double split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut) {
-  constexpr std::int64_t kCutChunks = 2;
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = (len + kChunk - 1) / kChunk;
-  const std::int64_t nseg = std::max<std::int64_t>(1, (chunks + seg_chunks - 1) / seg_chunks);
-  const std::int64_t walk_chunks = std::min(seg_chunks, chunks);
-  const double row_bytes = static_cast<double>(s.H) * (2.0 * s.dk + 4.0 * s.dv);  // map_o, o read and written
-  const std::int64_t cv = s.H * n * nseg * (s.dv / dvb), cm = s.H * n * (nseg - 1) * (s.dk / dvb);
-  // With the shortcut the rows are short and the fixed costs (the stop points, the scan over all
-  // heads, launch gaps) weigh more: measured on the H200 (perf-notes), about 10% more per chunk
-  // and 80 us more per call than the model of the exact split.
-  const double step = fused_step(dvb) * (cut ? 1.1 : 1.0);
-  const double stage1 =
-      cut ? step * static_cast<double>((walk_chunks + 1) * waves(cv, sms) + (kCutChunks + 1) * waves(cm, sms))
-          : step * static_cast<double>((walk_chunks + 1) * waves(cv + cm, sms));
-  // Rows the correction reads and writes: those after each sequence's first segment.
-  const double fixed_rows = nseg < 2 ? 0.0
-                            : cut    ? static_cast<double>(n * (nseg - 1) * kCutChunks * kChunk)
-                                     : static_cast<double>(n * (len - seg_chunks * kChunk));
-  return stage1 + (cut ? 0.5 : 1.0) * kScanStep * static_cast<double>(nseg - 1) +
-         fixed_rows * row_bytes / kFixBytesPerUs + kCpFixed + (cut ? 80.0 : 0.0);
-}
-
-// The cheapest split of the problem's sequences (equal lengths) into nseg segments, nseg in
-// [lo, hi], over the value-block widths of stage 1; nseg = 0 when none is possible.
-CpChoice best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut) {
-  CpChoice best;
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = (len + kChunk - 1) / kChunk;
-  for (std::int64_t want = lo; want <= std::min<std::int64_t>(hi, chunks); ++want) {
-    const std::int64_t seg_chunks = (chunks + want - 1) / want, nseg = (chunks + seg_chunks - 1) / seg_chunks;
-    if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give
-    for (int dvb : {128, 64}) {
-      if (s.dk % dvb != 0 || s.dv % dvb != 0) continue;
-      const double cost = split_cost(s, sms, seg_chunks, dvb, cut);
-      if (best.nseg == 0 || cost < best.cost) best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunk), dvb, cost};
-    }
-  }
-  return best;
-}
+// ---- context parallelism (cp.h; the cost model in cp_model.cpp) --------------------------------
 
 // Fills c's split fields (and its kernel name and workspace) when the problem is split: by
 // request (options.segments >= 2: segments of about 1/k of the longest sequence, Problem::
@@ -364,43 +286,16 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   if (s.T == 0 || s.T > INT32_MAX / 2 || n > 65535) return unsupported("1 to 2^30 tokens, at most 65535 sequences");
   if (s.dv % 64 != 0 || s.dk % 64 != 0) return unsupported("dk and dv multiples of 64");
   if (!forced && (s.dv != 128 || c.split == nullptr)) return;
-  // The cost model runs on equal lengths: the batch as ceil(T / Lmax) sequences of the longest
-  // length Lmax (the hint, else the mean), whose walks set the time split or not.
-  detail::Shape eq = s;
-  const std::int64_t lmax =
-      std::max<std::int64_t>(1, problem.has_cu_seqlens && problem.max_seq_len > 0 ? problem.max_seq_len : s.T / n);
-  eq.N = std::max<std::int64_t>(1, (s.T + lmax - 1) / lmax);
-  eq.T = eq.N * lmax;
-  const std::int64_t chunks = (lmax + kChunk - 1) / kChunk;
-  const int kseg = static_cast<int>(std::min<std::int64_t>(want, chunks));  // forced: fewer where short
+  const UnsplitKernel unsplit{c.split != nullptr && c.split->fused, c.split != nullptr ? c.split->warps : 0};
   const float cutoff = options.split_decay_cutoff;
-  const bool cut = cutoff > 0.0f;
-  CpChoice best = best_split(eq, c.sm_count, forced ? kseg : 2, forced ? kseg : 64, cut);
-  if (best.nseg < 2 && forced)
+  const CpChoice best =
+      cp_choose(s, c.sm_count, unsplit, forced ? want : 0, problem.max_seq_len, problem.has_cu_seqlens, cutoff > 0.0f);
+  if (best.nseg < 2) {
+    const std::int64_t lmax =
+        std::max<std::int64_t>(1, problem.has_cu_seqlens && problem.max_seq_len > 0 ? problem.max_seq_len : s.T / n);
     return unsupported("sequences of two chunks or more: the longest (Problem::max_seq_len) or else the mean is " +
                        str(lmax) + " tokens");
-  bool pays = best.nseg >= 2 && best.cost < kSplitPays * unsplit_cost(*c.split, eq, c.sm_count);
-  if (!forced && !pays && problem.has_cu_seqlens && problem.max_seq_len <= 0 && n > 1) {
-    // Packed lengths unknown to the host: the mean may hide one long sequence, which alone sets
-    // the unsplit time. Plan the segment length for the worst case, one sequence of T tokens, and
-    // take it where it pays there (under 85%: a plan for lengths the host does not know) and, on
-    // equal lengths, costs at most 5% more than the unsplit kernel by the model (its error). The
-    // device cuts each sequence by its own length: sequences no longer than a segment are walked
-    // whole.
-    detail::Shape one = s;
-    one.N = 1;
-    const CpChoice worst = best_split(one, c.sm_count, 2, 64, cut);
-    // Equal lengths must be cut too: where they would all be walked whole, the split would only
-    // add its launches to the unsplit walk (e.g. 8 x 4096 tokens on 32 heads).
-    if (worst.nseg >= 2 && chunks > worst.seg_tokens / kChunk &&
-        worst.cost < 0.85 * unsplit_cost(*c.split, one, c.sm_count) &&
-        split_cost(eq, c.sm_count, worst.seg_tokens / kChunk, worst.dvb, cut) <=
-            1.05 * unsplit_cost(*c.split, eq, c.sm_count)) {
-      best = worst;
-      pays = true;
-    }
   }
-  if (!forced && !pays) return;
   const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb, true);
   if (k1 == nullptr || !walk_runs_on(*k1, c) || !fits(*k1, smem_optin))
     return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");

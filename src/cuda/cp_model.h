@@ -1,0 +1,46 @@
+// The planner's cost model for context parallelism (splitting sequences into segments): plain
+// host arithmetic, no CUDA, so that the CPU tests check its choices on an H200's SM count.
+#pragma once
+
+#include <cstdint>
+
+#include "common/shape.h"
+
+namespace gdnkit::cuda {
+
+// The unsplit kernel the planner would run instead: the fused SM90 kernel (16 * warps value
+// columns per CTA) or the split path (prep + walk, warps per walk CTA).
+struct UnsplitKernel {
+  bool fused = false;
+  int warps = 0;
+};
+
+// A split: nseg segments of seg_tokens tokens per sequence of the modelled length, stage 1 on
+// dvb-column CTAs, cost the model's device time in microseconds. nseg = 0: none.
+struct CpChoice {
+  int nseg = 0, seg_tokens = 0, dvb = 0;
+  double cost = 0.0;
+};
+
+// The planner splits where the model puts the split under this fraction of the unsplit kernel.
+constexpr double kSplitPays = 0.93;
+
+// Estimated device time (us) of the unsplit kernel k on the problem (lengths s.T / s.N).
+double cp_unsplit_cost(UnsplitKernel k, const detail::Shape& s, int sms);
+
+// Estimated device time (us) of a split into segments of seg_chunks chunks, stage 1 on dvb-column
+// CTAs (cut: the decay shortcut).
+double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut);
+
+// The cheapest split into nseg segments, nseg in [lo, hi]; nseg = 0 when none is possible.
+CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut);
+
+// The planner's split of a problem (s: its shape; dv 128 and dk, dv multiples of 64 checked by
+// the caller) on a device of `sms` SMs, with `unsplit` the kernel it would run otherwise.
+// forced >= 2: segments of about 1/forced of the modelled length (nseg = 0 where the sequences
+// are under two chunks); forced == 0: the split only where it pays by the model. max_seq_len: the
+// caller's hint (0: unknown); packed: the lengths come from cu_seqlens (unknown to the host).
+CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int forced, std::int64_t max_seq_len,
+                   bool packed, bool cut);
+
+}  // namespace gdnkit::cuda
