@@ -107,8 +107,8 @@ struct Options {
   const char* kernel = nullptr;
   // CUDA backend, context parallelism (splitting each sequence into segments walked in parallel,
   // exact: docs/math.md "Splitting a sequence"). 0: the planner splits where its cost model says
-  // it pays (sm_90a with the fused kernel, dv 128; with few walks: today one sequence or a few,
-  // with few heads). 1: never split. k >= 2: segments of whole chunks, about 1/k of the longest
+  // it pays (sm_90a with the fused kernel, dv 128; with few walks: on an H200 one sequence or a
+  // few of up to ~44 heads, 2K to 8K tokens and up depending on the heads). 1: never split. k >= 2: segments of whole chunks, about 1/k of the longest
   // sequence (Problem::max_seq_len, else the mean length T / N; shorter sequences get fewer;
   // lengths are read on the device, no host copy of cu_seqlens is needed); unsupported where the
   // device cannot run it or that length is under two chunks. Not combined with `kernel`.

@@ -277,8 +277,9 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   if (forced && options.kernel != nullptr)
     fail(K::invalid_value, "options.segments", "0 or 1 together with options.kernel (a split runs its own kernels)",
          str(want));
-  // The lengths live on the device: the plan takes the mean length for the cost model and the
-  // segment length, and sizes the workspace by bounds that hold for any lengths (cp.cuh).
+  // The lengths live on the device: the plan takes the longest length (the hint) or else the mean
+  // for the cost model and the segment length, and sizes the workspace by bounds that hold for
+  // any lengths (cp.cuh).
   const std::int64_t n = std::max<std::int64_t>(s.N, 1);
   auto unsupported = [&](const std::string& why) {
     if (forced) fail(K::unsupported, "options.segments", "a problem the split runs on (" + why + ")", str(want));

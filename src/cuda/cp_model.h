@@ -35,8 +35,8 @@ double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, i
 // The cheapest split into nseg segments, nseg in [lo, hi]; nseg = 0 when none is possible.
 CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut);
 
-// The planner's split of a problem (s: its shape; dv 128 and dk, dv multiples of 64 checked by
-// the caller) on a device of `sms` SMs, with `unsplit` the kernel it would run otherwise.
+// The planner's split of a problem (s: its shape; dk and dv multiples of 64, and dv 128 unless
+// forced, checked by the caller) on a device of `sms` SMs, with `unsplit` the kernel it would run otherwise.
 // forced >= 2: segments of about 1/forced of the modelled length (nseg = 0 where the sequences
 // are under two chunks); forced == 0: the split only where it pays by the model. max_seq_len: the
 // caller's hint (0: unknown); packed: the lengths come from cu_seqlens (unknown to the host).

@@ -96,10 +96,7 @@ TEST(CpModel, ChoicesOnTheH200) {
     const auto s = shape(c.heads, 1, c.len);
     const CpChoice got = cp_choose(s, kH200Sms, split_path(c.heads), 0, c.len, true, false);
     EXPECT_EQ(got.nseg, c.nseg) << c.heads << " heads, " << c.len << " tokens";
-    if (got.nseg >= 2) {
-      EXPECT_EQ(got.dvb, 128);
-      EXPECT_LT(got.cost, gdnkit::cuda::kSplitPays * cp_unsplit_cost(split_path(c.heads), s, kH200Sms));
-    }
+    if (got.nseg >= 2) EXPECT_EQ(got.dvb, 128) << c.heads << " heads, " << c.len << " tokens";
   }
   // Many walks run the fused kernel unsplit (128 columns per CTA) and fill the GPU: no split.
   EXPECT_EQ(cp_choose(shape(64, 2, 16384), kH200Sms, {true, 8}, 0, 16384, true, false).nseg, 0);
@@ -109,9 +106,6 @@ TEST(CpModel, ChoicesOnTheH200) {
 // Packed lengths unknown to the host (no max_seq_len): the worst case, one sequence of all the
 // tokens, is planned where equal lengths would still be cut and cost at most 5% more.
 TEST(CpModel, PackedWithoutTheHint) {
-  // 4 x 8192 tokens on 8 heads: split (measured 0.392 / 0.431 ms with equal lengths).
-  const CpChoice four = cp_choose(shape(8, 4, 8192), kH200Sms, split_path(8), 0, 0, true, false);
-  EXPECT_GE(four.nseg, 2);
   // 8 x 4096 on 8 heads (64 walks: the split path at 4 warps per CTA unsplit): the worst case's
   // segments are no shorter than the sequences, so equal lengths would be walked whole and the
   // split would only add launches.
