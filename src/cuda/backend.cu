@@ -386,10 +386,21 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
     const std::int64_t slots = 2 * static_cast<std::int64_t>(c.sm_count) * std::max(c.ctas_per_sm, 1);
     z = std::min<std::int64_t>(z, std::max<std::int64_t>(1, (slots + xy - 1) / xy));
   }
-  c.walk_z = static_cast<int>(z);
   // A CTA per sequence: start the longest walks first, so that the short ones fill in at the end
   // (packed batches of uneven lengths; the ranking costs each CTA a pass over N lengths).
-  c.longest_first = problem.has_cu_seqlens && s.N >= 3 && s.N <= kLongestFirstMaxSeqs && z == s.N;
+  const bool ranked = problem.has_cu_seqlens && s.N >= 3 && s.N <= kLongestFirstMaxSeqs;
+  c.longest_first = ranked && z == s.N;
+  // The fused kernel fills its pipeline once per CTA (about a record, ~5 us on an H200), so a
+  // packed batch with more sequences than one wave of CTAs has room for is walked by one wave: each
+  // CTA takes its share of the ranked sequences (ChunkedParams::lpt) and runs them back to back.
+  if (ranked && split->fused) {
+    const std::int64_t wave = std::max<std::int64_t>(1, c.sm_count * std::max(c.ctas_per_sm, 1) / xy);
+    if (wave < s.N) {
+      z = wave;
+      c.longest_first = c.lpt = true;
+    }
+  }
+  c.walk_z = static_cast<int>(z);
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
   c.workspace = split->fused ? 0 : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
@@ -436,6 +447,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   ChunkedParams p = chunked_params(problem, s, t);
   p.ws = static_cast<unsigned char*>(workspace);
   p.longest_first = c.longest_first;
+  p.lpt = c.lpt;
 
   if (c.workspace > 0) check_aligned("workspace", workspace);
   FusedMaps maps;

@@ -25,6 +25,7 @@ struct Config {
   int warps = 0;                           // walk warps per CTA (16 value columns each)
   int walk_z = 1;                          // walk grid z (sequences are strided over it)
   bool longest_first = false;              // walk CTAs take sequences longest first (ChunkedParams)
+  bool lpt = false;                        // ... dealt to walk_z CTAs per (value block, head) (ChunkedParams)
   std::size_t smem_bytes = 0;              // dynamic shared memory per CTA
   int ctas_per_sm = 0;                     // occupancy of the chosen kernel (informational)
   // Context parallelism (cp.h): segments per sequence (0: no split), tokens per segment, and the

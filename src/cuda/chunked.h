@@ -84,6 +84,10 @@ struct ChunkedParams {
   // order, so long walks start first and short ones fill in: the longest-first list schedule).
   // Only with cu_seqlens and num_seqs <= kLongestFirstMaxSeqs.
   bool longest_first = false;
+  // With longest_first, in the fused kernel only: the ranked sequences are dealt to the gridDim.z
+  // CTAs of each (value block, head) by a greedy longest-processing-time assignment (cost: chunks)
+  // and each CTA walks its share, longest first, as one pipeline. Needs gridDim.z <= 64.
+  bool lpt = false;
 
   // The fused kernel's walk list (null: one walk per sequence): num_walks entries in device memory,
   // walked instead of the sequences (longest_first must be false), and the start states they name,

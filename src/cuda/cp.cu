@@ -134,6 +134,7 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
 
   ChunkedParams p1 = p;
   p1.longest_first = false;
+  p1.lpt = false;
   p1.walks = list1;
   p1.num_walks = c.cap1;
   p1.walk_states = nullptr;

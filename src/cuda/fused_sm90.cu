@@ -68,6 +68,7 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   // Token positions and sequence indices are 32-bit in the kernel (TMA coordinates are).
   if (params.tokens > INT32_MAX || params.num_seqs > INT32_MAX || params.num_walks > INT32_MAX) return cudaErrorInvalidValue;
   if (params.walks != nullptr && params.longest_first) return cudaErrorInvalidValue;  // the order ranks sequences
+  if (params.lpt && (!params.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
   void* args[] = {&fp};
@@ -145,6 +146,7 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90.cuh)
   if (p.tokens > INT32_MAX || p.num_seqs > INT32_MAX || p.num_walks > INT32_MAX) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
+  if (p.lpt && (!p.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
   FusedParams fp;
   fp.p = p;
   std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));

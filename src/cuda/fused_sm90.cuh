@@ -333,6 +333,49 @@ template <bool kWalks>
 __device__ __forceinline__ std::int64_t walk_count(const ChunkedParams& p) {
   return kWalks ? p.num_walks : p.num_seqs;
 }
+// The CTA's entries of that list: first, first + stride, ... below the end. With ChunkedParams::lpt
+// the CTA's share instead: order[0, n) with n in order[kLongestFirstMaxSeqs] (lpt_share).
+struct ListSpan {
+  int first, stride;
+  std::int64_t end;
+};
+template <bool kWalks>
+__device__ __forceinline__ ListSpan cta_list(const ChunkedParams& p, const int* order) {
+  if (!kWalks && p.lpt) return {0, 1, order[kLongestFirstMaxSeqs]};
+  return {static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z), walk_count<kWalks>(p)};
+}
+// The CTA's share of the ranked sequences (order[r] = the sequence of rank r, lens[n] its length;
+// rank_longest_first) in a greedy longest-processing-time assignment to the gridDim.z (<= 64)
+// bins: in rank order, each sequence goes to the bin with the least work so far (chunks; ties to
+// the lowest bin), the same in every CTA. Rewrites order[0, n) with the CTA's sequences, longest
+// first, and stores n in order[kLongestFirstMaxSeqs]. By warp 0 (a 32-bit min reduction per
+// sequence); the caller's barrier publishes the result.
+__device__ __forceinline__ void lpt_share(const ChunkedParams& p, int* order, const int* lens, int lane) {
+  const int bins = static_cast<int>(gridDim.z), me = static_cast<int>(blockIdx.z);
+  std::uint32_t work[2] = {0u, 0u};  // bins lane and lane + 32
+  int n_mine = 0;
+  for (int r = 0; r < static_cast<int>(p.num_seqs); ++r) {
+    const int n = order[r];
+    const auto chunks = static_cast<std::uint32_t>((lens[n] + kChunk - 1) / kChunk);
+    // Work below 2^26 chunks (launch checks: tokens < 2^31), the bin in the low 6 bits.
+    std::uint32_t key = ~0u;
+    if (lane < bins) key = work[0] << 6 | static_cast<std::uint32_t>(lane);
+    if (lane + 32 < bins) {
+      const std::uint32_t k1 = work[1] << 6 | static_cast<std::uint32_t>(lane + 32);
+      key = k1 < key ? k1 : key;
+    }
+    const int bin = static_cast<int>(__reduce_min_sync(0xffffffffu, key) & 63u);
+    if (bin == lane) work[0] += chunks;
+    if (bin == lane + 32) work[1] += chunks;
+    __syncwarp();  // every lane has read order[r] before it is overwritten
+    if (bin == me) {
+      if (lane == 0) order[n_mine] = n;  // n_mine <= r: an entry already read
+      ++n_mine;
+    }
+  }
+  if (lane == 0) order[kLongestFirstMaxSeqs] = n_mine;
+}
+
 // A map CTA (walk list with transfer maps): it walks columns of the identity with V = 0.
 __device__ __forceinline__ bool map_cta(const ChunkedParams& p) {
   return p.map_out != nullptr && static_cast<int>(blockIdx.x) >= p.value_blocks;
@@ -378,20 +421,21 @@ template <bool kWalks>
 struct ChunkCursor {
   const ChunkedParams& p;
   const int* order;
-  __device__ bool valid(const ChunkPos& c) const { return c.i < walk_count<kWalks>(p); }
-  // The first chunk of the first non-empty walk among list entries i, i + gridDim.z, ...
+  __device__ bool valid(const ChunkPos& c) const { return c.i < cta_list<kWalks>(p, order).end; }
+  // The first chunk of the first non-empty walk among the CTA's list entries from i on (cta_list).
   __device__ ChunkPos seek(int i) const {
-    for (; i < walk_count<kWalks>(p); i += gridDim.z) {
+    const ListSpan l = cta_list<kWalks>(p, order);
+    for (; i < l.end; i += l.stride) {
       int bos, eos;
       walk_range<kWalks>(p, order, i, bos, eos);
       if (eos > bos) return {i, eos, bos};
     }
     return {i, 0, 0};
   }
-  __device__ ChunkPos first() const { return seek(blockIdx.z); }
+  __device__ ChunkPos first() const { return seek(cta_list<kWalks>(p, order).first); }
   __device__ ChunkPos next(const ChunkPos& c) const {
     if (c.c0 + kChunk < c.eos) return {c.i, c.eos, c.c0 + kChunk};
-    return seek(c.i + gridDim.z);
+    return seek(c.i + cta_list<kWalks>(p, order).stride);
   }
 };
 
@@ -585,7 +629,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     if constexpr (F::kWalks) return walk_entry(order, i).seq;
     return p.longest_first ? order[i] : i;
   };
-  for (std::int64_t i = blockIdx.z; i < walk_count<F::kWalks>(p); i += gridDim.z) {
+  const ListSpan list = cta_list<F::kWalks>(p, order);
+  for (std::int64_t i = list.first; i < list.end; i += list.stride) {
     // The walk: a sequence, or an entry of the walk list (its own start state, perhaps no final one).
     std::int64_t bos, eos, start_index = walk_seq(i);
     const float* start = p.has_initial_state ? p.initial_state : nullptr;
@@ -704,10 +749,15 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
       if (i < fp.p.num_walks) reinterpret_cast<WalkSpan*>(order)[tid] = cp_walk_entry(fp.p, fp.p.walks, i, false);
     }
   }
-  if (fp.p.longest_first)
+  if (fp.p.longest_first) {
     rank_longest_first<F::kThreads>(fp.p, order, order + kLongestFirstMaxSeqs, tid);  // ends with a CTA barrier
-  else
+    if (!F::kWalks && fp.p.lpt) {
+      if (tid < 32) lpt_share(fp.p, order, order + kLongestFirstMaxSeqs, tid);
+      __syncthreads();
+    }
+  } else {
     __syncthreads();  // the barriers are initialised
+  }
   if (tid < 128) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
     fused_aux<F>(fp, smem, order, tid);

@@ -114,12 +114,13 @@ constexpr int kFused64 = 1000;
 // Runs case c through the emulated kernels with walk policy w (reduced to one warp, or one
 // warpgroup, where dv does not split that way; kFused, kFused64: the fused kernel); returns the
 // instantiation's description.
-std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first) {
+std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first, bool lpt = false) {
   const Problem& problem = c.problem;
   const detail::Shape& s = c.shape;
   const Tensors t = c.tensors();
   cuda::ChunkedParams p = cuda::chunked_params(problem, s, t);  // as the CUDA backend launches
   p.longest_first = longest_first;
+  p.lpt = lpt;
   if (w == kFused || w == kFused64) {
     const int dvb = w == kFused ? 128 : 64;
     EXPECT_EQ(s.dv % dvb, 0) << "the fused kernel walks " << dvb << " value columns per CTA";
@@ -164,11 +165,12 @@ std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first) {
 }
 
 // One case against the fp64 oracle, with the GPU suite's tolerances.
-void check(const Spec& spec, int w, unsigned zlimit = 65535, bool longest_first = false) {
+void check(const Spec& spec, int w, unsigned zlimit = 65535, bool longest_first = false, bool lpt = false) {
   Case c = test::random_case(spec);
   const test::Reference ref = test::run_reference(c);
   const long copies_before = g_ff_copies.load();
-  const std::string kernel = run_emulated(c, w, zlimit, longest_first) + (longest_first ? " longest first" : "");
+  const std::string kernel =
+      run_emulated(c, w, zlimit, longest_first, lpt) + (lpt ? " lpt shares" : longest_first ? " longest first" : "");
   const Errors e = test::compare(c, ref);
   const double tol = spec.qkv == DType::bf16 ? 2e-2 : 5e-3;
   SCOPED_TRACE(spec.describe() + " [" + kernel + "]: " + e.str());
@@ -270,6 +272,53 @@ TEST(Emulated, SequenceLayouts) {
 // The fused kernel (aux warpgroup computing records in shared memory one chunk ahead of two
 // state warpgroups): chunk borders, both dtypes and key sizes, several sequences per CTA (its
 // pipeline crosses sequence boundaries), empty sequences, longest first, options, head mappings.
+// lpt_share: every sequence in exactly one CTA's share, each share longest first, and each CTA's
+// work (chunks) that of a greedy longest-processing-time assignment computed here.
+TEST(Emulated, LptShares) {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n_seqs = 3 + static_cast<int>(rng() % 62), bins = 1 + static_cast<int>(rng() % 64);
+    std::vector<int> cu(1, 0);
+    for (int n = 0; n < n_seqs; ++n) cu.push_back(cu.back() + static_cast<int>(rng() % 4 == 0 ? rng() % 3 : rng() % 3000));
+    cuda::ChunkedParams p;
+    p.cu_seqlens = cu.data();
+    p.has_cu_seqlens = true;
+    p.num_seqs = n_seqs;
+    p.tokens = cu.back();
+    p.longest_first = p.lpt = true;
+    std::vector<std::vector<int>> shares(static_cast<std::size_t>(bins));
+    run_grid(dim3(1, 1, static_cast<unsigned>(bins)), 64, [&] {
+      int* const order = reinterpret_cast<int*>(cuda::smem_raw);
+      cuda::rank_longest_first<64>(p, order, order + cuda::kLongestFirstMaxSeqs, threadIdx.x);
+      if (threadIdx.x < 32) cuda::lpt_share(p, order, order + cuda::kLongestFirstMaxSeqs, threadIdx.x);
+      __syncthreads();
+      if (threadIdx.x == 0) shares[blockIdx.z].assign(order, order + order[cuda::kLongestFirstMaxSeqs]);
+    });
+    auto len = [&](int n) { return cu[static_cast<std::size_t>(n) + 1] - cu[static_cast<std::size_t>(n)]; };
+    auto chunks = [&](int n) { return (len(n) + 63) / 64; };
+    // The greedy assignment: sequences by decreasing length (ties by index), each to the bin with
+    // the least work (ties to the lowest bin).
+    std::vector<int> ranked(static_cast<std::size_t>(n_seqs));
+    for (int n = 0; n < n_seqs; ++n) ranked[static_cast<std::size_t>(n)] = n;
+    std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) { return len(a) > len(b); });
+    std::vector<long> work(static_cast<std::size_t>(bins), 0);
+    std::vector<std::vector<int>> want(static_cast<std::size_t>(bins));
+    for (int n : ranked) {
+      const auto b = static_cast<std::size_t>(std::min_element(work.begin(), work.end()) - work.begin());
+      work[b] += chunks(n);
+      want[b].push_back(n);
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": " + std::to_string(n_seqs) + " sequences, " +
+                 std::to_string(bins) + " bins");
+    std::vector<int> seen(static_cast<std::size_t>(n_seqs), 0);
+    for (int b = 0; b < bins; ++b) {
+      EXPECT_EQ(shares[static_cast<std::size_t>(b)], want[static_cast<std::size_t>(b)]) << "bin " << b;
+      for (int n : shares[static_cast<std::size_t>(b)]) ++seen[static_cast<std::size_t>(n)];
+    }
+    for (int n = 0; n < n_seqs; ++n) EXPECT_EQ(seen[static_cast<std::size_t>(n)], 1) << "sequence " << n;
+  }
+}
+
 TEST(Emulated, FusedKernel) {
   for (DType dt : {DType::bf16, DType::f16})
     for (std::int64_t L : {1, 64, 65, 200}) {
@@ -292,6 +341,20 @@ TEST(Emulated, FusedKernel) {
     check(s, kFused, 2);        // three sequences per CTA
     s.seed = 1300 + i++;
     check(s, kFused, 65535, true);  // a CTA per sequence, longest first
+  }
+  // More sequences than CTAs per head: each CTA walks its LPT share of the ranked sequences back
+  // to back (ChunkedParams::lpt), empty and one-token sequences among them.
+  for (unsigned z : {2u, 3u}) {
+    Spec s;
+    s.lens = {300, 1, 0, 64, 129, 20, 200, 65, 7};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = 64;
+    s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.seed = 1320 + static_cast<int>(z);
+    check(s, kFused, z, true, true);
   }
   {  // no tokens at all: the final states are the initial ones
     Spec s;

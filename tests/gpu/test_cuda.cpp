@@ -257,6 +257,30 @@ TEST_F(Cuda, LongestFirstBatch) {
   check_case(s, "N=64 uneven, longest first");
 }
 
+// More uneven sequences than one wave of fused CTAs holds per head (64 heads: two CTAs per head on
+// 132 SMs): the planner deals the ranked sequences to one wave (ChunkedParams::lpt) and each CTA
+// walks its share back to back. On sm_90 the default plan is the fused kernel; tests/emu checks
+// the shares themselves (a partition, the greedy assignment).
+TEST_F(Cuda, LptShareBatch) {
+  Spec s;
+  s.lens = {600, 1, 0, 130, 257, 64, 400, 65, 200, 70, 129, 300};
+  s.Hq = s.Hk = 16;
+  s.Hv = 64;
+  s.dk = s.dv = 128;
+  s.initial_state = true;
+  s.final_state = true;
+  s.seed = 565;
+  std::string kernel;
+  check_case(s, "N=12 uneven, 64 heads, lpt shares", &kernel);
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr &&
+      std::getenv("GDNKIT_TEST_KERNEL") == nullptr)
+    EXPECT_EQ(kernel, "cuda-fused-sm90-bf16-k128");
+}
+
 // Nothing to compute: final state = initial state (or zeros), no o rows.
 TEST_F(Cuda, EmptyProblems) {
   for (bool init : {false, true})

@@ -54,6 +54,18 @@ inline float __shfl_sync(unsigned, float v, int src) {
   return r;
 }
 
+inline unsigned g_redux[12][32];
+inline unsigned __reduce_min_sync(unsigned, unsigned v) {  // the whole warp takes part
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_barrier[w]->arrive_and_wait();
+  g_redux[w][l] = v;
+  g_warp_barrier[w]->arrive_and_wait();
+  unsigned r = v;
+  for (int i = 0; i < 32; ++i) r = g_redux[w][i] < r ? g_redux[w][i] : r;
+  g_warp_barrier[w]->arrive_and_wait();
+  return r;
+}
+
 struct __nv_bfloat16 { std::uint16_t bits; };
 struct __half { std::uint16_t bits; };
 inline float __bfloat162float(__nv_bfloat16 x) { return gdnkit::detail::bf16_to_float(x.bits); }
