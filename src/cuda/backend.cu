@@ -15,6 +15,7 @@
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
 #include "cuda/cp_model.h"
+#include "cuda/walk_grid.h"
 
 namespace gdnkit::cuda {
 
@@ -377,30 +378,10 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   c.kernel = split->name;
   c.warps = split->warps;
   c.smem_bytes = split->walk_smem;
-  // blockIdx.z strides over sequences. Short sequences (under four chunks on average) are walked
-  // several per CTA, about two CTAs per SM slot in all, so that one sequence's copies overlap the
-  // previous one's products; longer ones get a CTA each and the hardware balances them.
-  const std::int64_t xy = (s.dv / (16 * c.warps)) * s.H;
-  std::int64_t z = std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), 65535);
-  if (s.T < 4 * kChunk * s.N) {
-    const std::int64_t slots = 2 * static_cast<std::int64_t>(c.sm_count) * std::max(c.ctas_per_sm, 1);
-    z = std::min<std::int64_t>(z, std::max<std::int64_t>(1, (slots + xy - 1) / xy));
-  }
-  // A CTA per sequence: start the longest walks first, so that the short ones fill in at the end
-  // (packed batches of uneven lengths; the ranking costs each CTA a pass over N lengths).
-  const bool ranked = problem.has_cu_seqlens && s.N >= 3 && s.N <= kLongestFirstMaxSeqs;
-  c.longest_first = ranked && z == s.N;
-  // The fused kernel fills its pipeline once per CTA (about a record, ~5 us on an H200), so a
-  // packed batch with more sequences than one wave of CTAs has room for is walked by one wave: each
-  // CTA takes its share of the ranked sequences (ChunkedParams::lpt) and runs them back to back.
-  if (ranked && split->fused) {
-    const std::int64_t wave = std::max<std::int64_t>(1, c.sm_count * std::max(c.ctas_per_sm, 1) / xy);
-    if (wave < s.N) {
-      z = wave;
-      c.longest_first = c.lpt = true;
-    }
-  }
-  c.walk_z = static_cast<int>(z);
+  const WalkGrid grid = walk_grid(s, 16 * c.warps, problem.has_cu_seqlens, split->fused, c.sm_count, c.ctas_per_sm);
+  c.walk_z = static_cast<int>(grid.z);
+  c.longest_first = grid.longest_first;
+  c.lpt = grid.lpt;
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
   c.workspace = split->fused ? 0 : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;

@@ -1,0 +1,65 @@
+// The walk CTAs' grid of an unsplit kernel (src/cuda/walk_grid.cpp) on an H200's 132 SMs: which
+// batches the fused kernel deals to one wave (LPT shares), which it walks a CTA per sequence
+// longest first, and the split path's strides. Host arithmetic only: runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/walk_grid.h"
+
+namespace {
+
+using gdnkit::cuda::walk_grid;
+using gdnkit::cuda::WalkGrid;
+
+constexpr int kH200Sms = 132;
+
+gdnkit::detail::Shape shape(int heads, std::int64_t seqs, std::int64_t tokens) {
+  gdnkit::detail::Shape s;
+  s.N = seqs;
+  s.T = tokens;
+  s.Hq = s.Hk = s.Hv = s.H = heads;
+  s.dk = s.dv = 128;
+  return s;
+}
+
+void expect_grid(const WalkGrid& g, std::int64_t z, bool longest_first, bool lpt) {
+  EXPECT_EQ(g.z, z);
+  EXPECT_EQ(g.longest_first, longest_first);
+  EXPECT_EQ(g.lpt, lpt);
+}
+
+// The fused kernel (128 value columns, a CTA per SM) on the benchmark's packed batches: one wave
+// of 132 / H CTAs per head wherever the batch has more sequences than that.
+TEST(WalkGrid, FusedDealsPackedBatchesToOneWave) {
+  SCOPED_TRACE("cuLA varlen rows: 64 heads, 10 and 20 sequences");
+  for (std::int64_t tokens : {4096, 8192, 16384}) {
+    expect_grid(walk_grid(shape(64, 10, tokens), 128, true, true, kH200Sms, 1), 2, true, true);
+    expect_grid(walk_grid(shape(64, 20, tokens), 128, true, true, kH200Sms, 1), 2, true, true);
+  }
+  SCOPED_TRACE("qwen3next-16x32-varlen-n64-t32768 and qwen35-16x64-b4-t8192");
+  expect_grid(walk_grid(shape(32, 64, 32768), 128, true, true, kH200Sms, 1), 4, true, true);
+  expect_grid(walk_grid(shape(64, 4, 32768), 128, true, true, kH200Sms, 1), 2, true, true);
+  SCOPED_TRACE("the 64-column variant: twice the CTAs per head");
+  expect_grid(walk_grid(shape(16, 20, 8192), 64, true, true, kH200Sms, 1), 4, true, true);
+}
+
+// A CTA per sequence, ranked longest first, where one wave has room for them all; no ranking
+// under three sequences, over 64 or without cu_seqlens (equal lengths).
+TEST(WalkGrid, FusedKeepsACtaPerSequenceWhereAWaveHoldsThem) {
+  expect_grid(walk_grid(shape(8, 10, 40960), 128, true, true, kH200Sms, 1), 10, true, false);  // wave 16
+  expect_grid(walk_grid(shape(64, 2, 32768), 128, true, true, kH200Sms, 1), 2, false, false);  // fixed-b2
+  expect_grid(walk_grid(shape(64, 4, 32768), 128, false, true, kH200Sms, 1), 4, false, false);  // batched
+  expect_grid(walk_grid(shape(64, 65, 65 * 1024), 128, true, true, kH200Sms, 1), 65, false, false);
+  // Under four chunks per sequence on average, too many to rank: strided over ~2 CTAs per SM.
+  expect_grid(walk_grid(shape(64, 256, 512), 128, true, true, kH200Sms, 1), 5, false, false);
+}
+
+// The split path's walk (several CTAs per SM, no pipeline across sequences) is never dealt.
+TEST(WalkGrid, SplitPathWalksACtaPerSequence) {
+  expect_grid(walk_grid(shape(64, 10, 16384), 64, true, false, kH200Sms, 3), 10, true, false);
+  // Short sequences: z = ceil(2 x 132 x 3 / (2 x 64)) = 7 CTAs per (block, head), strided.
+  expect_grid(walk_grid(shape(64, 20, 4096), 64, true, false, kH200Sms, 3), 7, false, false);
+}
+
+}  // namespace
