@@ -219,33 +219,36 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
 // second version"):
 //   - 128-column blocks when the walks (sequence, head) fill at least half the SMs: 10-15% faster
 //     than the split path on every such row with sequences of 410+ tokens on average;
-//   - 64-column blocks (one state warpgroup, twice the CTAs) when those still fit in one wave and
-//     the sequences are short (up to 16 chunks): 6-14% faster there; on longer ones the split
-//     path, whose prep runs on every SM, is faster.
+//   - 64-column blocks (one state warpgroup, twice the CTAs, in pairs that share their records)
+//     when those still fit in one wave and the sequences are short (up to 16 chunks), or where
+//     the cost model puts them under 95% of the split path (fused64_pays, cp_model.cpp): 11-12%
+//     faster than the split path on single sequences of 4K-32K tokens at 64 heads; at 32 heads
+//     the split path, with twice the CTAs, is faster by the model.
 // Neither with sequences under two chunks on average (the split path was 1.7x faster at two
 // tokens per sequence; lengths between 2 and 410 tokens were not measured) nor at dv = 64 (not
 // measured).
-const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin) {
+// split_warps: the walk warps per CTA of the split path the planner would run instead (0: none).
+const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin,
+                                int split_warps) {
   if (!kFusedByDefault || s.dv != 128) return nullptr;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
   if (tokens_per_seq < 2 * kChunk) return nullptr;
   int dvb = 0;
   if (2 * walks >= c.sm_count) dvb = 128;
-  else if (tokens_per_seq <= 16 * kChunk) dvb = 64;
+  else if (tokens_per_seq <= 16 * kChunk || split_warps == 0 || fused64_pays(s, c.sm_count, split_warps)) dvb = 64;
   const SplitKernel* k = dvb ? find_fused_kernel(problem.qkv_dtype, s.dk, dvb) : nullptr;
   if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin)) return nullptr;
   return k;
 }
 
-// Walk CTA size. Each warp walks 16 value columns; a CTA of W warps shares the staging of one
-// chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
+// The fused kernel where choose_fused picks it, else the split path's walk CTA size. Each warp
+// walks 16 value columns; a CTA of W warps shares the staging of one chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
 // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
 // CTAs of 8 warps (two warpgroups) use the wgmma walk where the device runs it (H100/H200):
 // measured on an H200 it is 10-20% faster than mma.sync there, but a single warpgroup per SM
 // (4 warps) waits out every product and is 20% slower than mma.sync (docs/perf-notes.md).
 // nullptr when nothing fits the device's shared memory.
 const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin) {
-  if (const SplitKernel* fused = choose_fused(problem, s, c, smem_optin)) return fused;
   const std::int64_t cols16 = s.dv / 16;
   const SplitKernel* split = nullptr;
   std::int64_t best_cost = 0;
@@ -261,6 +264,8 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
       best_cost = cost;
     }
   }
+  if (const SplitKernel* fused = choose_fused(problem, s, c, smem_optin, split != nullptr ? split->warps : 0))
+    return fused;
   return split;
 }
 

@@ -3,7 +3,10 @@
 // Microseconds of device time, fitted to H200 sweeps of options.segments (docs/perf-notes.md,
 // "Context parallelism" and "The planner refitted"): a fused walk-list CTA takes about 4.9 us per
 // 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one, plus about one
-// chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves. A scan step (one
+// chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves. Unsplit at
+// dv = 128, the 64-column CTAs run in pairs that share their records: 3.63 us per chunk and two
+// chunks' time to fill ("CTA pairs sharing records"; the split's stage 1 keeps 4.8 until measured
+// with pairs). A scan step (one
 // segment) about 4.5 us; the correction moves map_o and o (read and written) of the rows after
 // each sequence's first segment at about 2.2 TB/s; the launches and the split's other fixed costs
 // about 30 us. The unsplit split path: its walk 2.9 / 2.9 / 3.4 / 4.4 us per chunk with 1 / 2 / 4
@@ -21,7 +24,7 @@ namespace gdnkit::cuda {
 namespace {
 
 constexpr std::int64_t kChunkTokens = 64;
-constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kScanStep = 4.5, kCpFixed = 30.0;
+constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kStepFused64Pairs = 3.63, kScanStep = 4.5, kCpFixed = 30.0;
 constexpr double kFixBytesPerUs = 2.2e6;
 constexpr double kPrepPerWalkChunk = 0.0093, kSplitPathFixed = 20.0;
 
@@ -36,9 +39,17 @@ double cp_unsplit_cost(UnsplitKernel k, const detail::Shape& s, int sms) {
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), chunks = chunks_of(s.T / n);
   const int cols = 16 * k.warps;
   const double walk = static_cast<double>(waves((s.dv / cols) * s.H * n, sms));
-  if (k.fused) return static_cast<double>(chunks) * fused_step(cols) * walk;
+  if (k.fused) {
+    if (cols == 64 && s.dv == 128) return static_cast<double>(chunks + 2) * kStepFused64Pairs * walk;
+    return static_cast<double>(chunks) * fused_step(cols) * walk;
+  }
   return static_cast<double>(chunks) * (walk_step(k.warps) * walk + kPrepPerWalkChunk * static_cast<double>(s.H * n)) +
          kSplitPathFixed;
+}
+
+bool fused64_pays(const detail::Shape& s, int sms, int split_warps) {
+  if (s.dv != 128) return false;
+  return cp_unsplit_cost({true, 4}, s, sms) < kFused64Pays * cp_unsplit_cost({false, split_warps}, s, sms);
 }
 
 // Equal lengths; a sequence no longer than a segment is walked whole (the device cuts each

@@ -28,6 +28,12 @@ constexpr double kSplitPays = 0.93;
 // Estimated device time (us) of the unsplit kernel k on the problem (lengths s.T / s.N).
 double cp_unsplit_cost(UnsplitKernel k, const detail::Shape& s, int sms);
 
+// Whether the fused kernel's 64-column variant (CTA pairs sharing records, at dv = 128) is the
+// unsplit kernel to run rather than the split path with split_warps walk warps per CTA: by the
+// model, under kFused64Pays of the split path's time.
+constexpr double kFused64Pays = 0.95;
+bool fused64_pays(const detail::Shape& s, int sms, int split_warps);
+
 // Estimated device time (us) of a split into segments of seg_chunks chunks, stage 1 on dvb-column
 // CTAs (cut: the decay shortcut).
 double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut);

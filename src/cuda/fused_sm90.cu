@@ -58,6 +58,16 @@ bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t
 
 namespace {
 
+// Clusters along x for a launch of the 64-column variants (warps == 4): pairs of CTAs x, x ^ 1 that
+// walk the same chunks of one head share their records (fused_paired in fused_sm90.cuh). That holds
+// for the value blocks of a call and, in a split's stage 1 (map_out set), for pairs that do not
+// straddle the value and map blocks. 1: no clusters.
+unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
+  if (warps != 4 || grid.x % 2 != 0) return 1u;
+  if (p.map_out != nullptr && p.value_blocks % 2 != 0) return 1u;
+  return 2u;
+}
+
 // Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
 template <typename T, int DK, int DVB, bool kWalks = false>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
@@ -72,8 +82,10 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
   void* args[] = {&fp};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>), grid,
-                          dim3(F::kThreads), args, F::smem_bytes, stream);
+  const PdlLaunch launch(grid, dim3(F::kThreads), F::smem_bytes, stream, false,
+                         fused_cluster_x(F::DVB / 16, params, grid));
+  return cudaLaunchKernelExC(&launch.config, reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>),
+                             args);
 }
 
 template <typename T, int DK, int DVB, bool kWalks = false>
@@ -153,7 +165,7 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
   void* args[] = {&fp};
-  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, after);
+  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, after, fused_cluster_x(k.warps, p, grid));
   return cudaLaunchKernelExC(&launch.config, k.walk_func, args);
 }
 

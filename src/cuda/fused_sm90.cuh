@@ -75,8 +75,12 @@ struct FusedSm90 {
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
                 "setmaxnreg budget of a 384-thread CTA");
+  // Record stages: the aux runs up to kRecStages - 1 records ahead of the walk. Three at 64 columns,
+  // where they fit: CTA pairs sharing records (fused_paired) need the third, two at 128 columns.
+  static constexpr int kRecStages = DVB == 64 ? 3 : 2;
   // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
-  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = 4, kBarP = 6;
+  static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = kBarFull + kRecStages, kBarP = kBarEmpty + kRecStages;
+  static_assert(kBarP < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
@@ -85,20 +89,23 @@ struct FusedSm90 {
       (rec_gam + 2 * kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   static constexpr std::size_t v_bytes = std::size_t(DVB / 64) * kChunk * 128;
   static constexpr std::size_t off_kq = 0;                               // 3 stages
-  static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // 2 stages
-  static constexpr std::size_t off_v = off_rec + 2 * rec_bytes;          // 2 stages
+  static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // kRecStages stages
+  static constexpr std::size_t off_v = off_rec + kRecStages * rec_bytes;  // 2 stages
   static constexpr std::size_t off_at = off_v + 2 * v_bytes;             // A, then Tu's diagonal blocks
   static constexpr std::size_t off_tl = off_at + align128(std::size_t(kChunk) * LDA * 4);  // Tu rows 16..63
   static constexpr std::size_t off_r = off_tl + align128(std::size_t(kChunk - 16) * LDA * 4);
-  // Per record stage: the gates as loaded, their cumsum G, beta (64 fp32 each). Two stages, so the
-  // next chunk's gates are stored while a slow warp still reads this chunk's.
+  // Per record stage: the gates as loaded, their cumsum G, beta (64 fp32 each), so that the next
+  // records' gates are stored while the walk's fused_p still reads this chunk's G.
   static constexpr std::size_t off_gates = off_r + align128(std::size_t(4) * 16 * LDR * 4);
   static constexpr std::size_t gates_bytes = 3 * kChunk * 4;
-  static constexpr std::size_t off_order = off_gates + 2 * gates_bytes;  // longest-first ranks
+  static constexpr std::size_t off_order = off_gates + kRecStages * gates_bytes;  // longest-first ranks
   // Per record stage: the first tokens of the next two chunks (-1: none), for state thread 0's copies.
   static constexpr std::size_t off_ahead = off_order + kWalkOrderBytes;
-  static constexpr std::size_t off_bar = off_ahead + 2 * 2 * 4;            // mbarriers: K+Q x 3, V x 2
-  static constexpr std::size_t smem_bytes = off_bar + 5 * 8 + kSwizzleAtomBytes;  // + base alignment
+  // mbarriers: K+Q x 3, V x 2, and per record stage a CTA pair's Mt landing and release (fused_paired).
+  static constexpr std::size_t off_bar = off_ahead + kRecStages * 2 * 4;
+  static constexpr std::size_t smem_bytes = off_bar + (5 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
+  static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
+  static constexpr std::uint32_t rec_copy_bytes = 2 * m_bytes;  // Mt hi and lo: what a pair shares
   static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
                     rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,
                 "stages keep their alignment");
@@ -112,6 +119,12 @@ struct FusedSm90 {
   }
   __device__ static std::uint64_t* v_bar(unsigned char* smem, int s) {
     return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 3 + s;
+  }
+  __device__ static std::uint64_t* rec_full_bar(unsigned char* smem, int s) {
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 5 + s;
+  }
+  __device__ static std::uint64_t* rec_free_bar(unsigned char* smem, int s) {
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 5 + kRecStages + s;
   }
 };
 
@@ -176,9 +189,11 @@ __device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile, 
 // Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the valid row blocks:
 // the blocks right of the diagonal zero since zero_record_tiles), gam and dec; and G log2(e) into
 // `gates` for fused_p. The caller's copies of K have landed; this starts with an aux barrier.
+// With mt false only G, gam and dec: the other CTA of a pair forms Mt (fused_paired).
 template <class F>
 __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
-                                             float* gates, float gate_beta, int nrows, int tid, FusedProbe& probe) {
+                                             float* gates, float gate_beta, int nrows, int tid, FusedProbe& probe,
+                                             bool mt) {
   using T = typename F::T;
   constexpr int DK = F::DK;
   constexpr int LDA = F::LDA;
@@ -194,7 +209,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   probe.mark();
 
   // K K^T (rows and columns: K; warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1), in
-  // flight while G is formed. (Q K^T is the state warpgroups', fused_p.)
+  // flight while G is formed. (Q K^T is the state warpgroups', fused_p.) Issued with mt false too:
+  // a wgmma under a branch makes ptxas serialize every wgmma of the kernel (C7518).
   const unsigned char* const ks = kq;
   float kkt[32];
   gmma_fence(kkt);
@@ -223,6 +239,11 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   }
   named_sync(F::kBarAux, 128);  // G published
   probe.mark();
+  if (!mt) {
+    gmma_wait<0>();
+    gmma_fence(kkt);
+    return;
+  }
 
   // A = diag(beta) (K K^T) .* D with the decay D_ij = exp(G_i - G_j) (j <= i, else 0), so that the
   // inverse of I + strict_lower(A) is D .* Tu (a similarity by diag(exp(G))) and Mt below needs no
@@ -317,11 +338,12 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   probe.mark();
 }
 
-// Zeroes the Mt hi and lo tiles of both record stages, once per CTA before the first record
-// (fused_record writes only their blocks on and left of the diagonal), by the aux's 128 threads.
+// Zeroes the Mt hi and lo tiles of every record stage, once per CTA before the first record
+// (fused_record writes only their blocks on and left of the diagonal; a pair's copies carry the
+// zeros of the CTA that formed them), by the aux's 128 threads.
 template <class F>
 __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) {
-  for (int s = 0; s < 2; ++s)
+  for (int s = 0; s < F::kRecStages; ++s)
     for (int idx = tid; idx < int(2 * F::m_bytes / 16); idx += 128)
       reinterpret_cast<uint4*>(F::rec(smem, s))[idx] = make_uint4(0u, 0u, 0u, 0u);
 }
@@ -405,6 +427,24 @@ __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* or
     bos = static_cast<int>(seq_begin(p, n));
     eos = static_cast<int>(seq_begin(p, n + 1));
   }
+}
+
+// Whether the CTA shares records with the other CTA of its cluster (ranks 0 and 1, CTAs x and x ^ 1
+// of the grid): the launch (fused_cluster_x, fused_sm90.cu) forms clusters of two only for
+// 64-column variants and only where both CTAs of every pair walk the same chunks of the same head
+// (two value-column blocks, or two map-column blocks of a split's stage 1), so their records are
+// equal. Rank r then forms Mt of the chunks j with j % 2 == r and copies it into the peer's stage;
+// for the others it forms only G, gam and dec and its walk waits for the peer's copy:
+//   F::rec_full_bar(s)  the peer's copy of a chunk of stage s has landed (the aux arms it with the
+//                       bytes; the copy completes them), k-th use for the chunk 6k + c;
+//   F::rec_free_bar(s)  the peer's walk is done with the chunk in its stage s that it formed
+//                       itself (one remote arrival per state warp), before chunk j + 3, this CTA's,
+//                       is copied there.
+// Three record stages let the copy run while the walk is still one or two chunks behind.
+template <class F>
+__device__ __forceinline__ bool fused_paired() {
+  if constexpr (F::kRecStages != 3) return false;
+  return cluster_size() == 2;
 }
 
 // A chunk position in the CTA's list of walks: list entry i, chunk at token c0 of a walk ending at
@@ -493,6 +533,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const ChunkCursor<F::kWalks> chunks{p, order};
   const FusedCopier<F> copy{fp, smem};
 
+  constexpr int R = F::kRecStages;
+  const bool paired = fused_paired<F>();
+  const int rank = paired ? static_cast<int>(cluster_rank()) : 0;  // a pair's CTA forms Mt of chunks j % 2 == rank
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = chunks.first();
   if (chunks.valid(cur)) {
@@ -518,12 +561,13 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       const ChunkPos nxt = chunks.next(cur);
       const bool more = chunks.valid(nxt);
       const int nrows = cur.nrows();
-      // Chunk j - 2 is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - 2).
-      if (j >= 2) named_sync(F::kBarEmpty + j % 2, F::kThreads);
+      // Chunk j - R is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - R).
+      if (j >= R) named_sync(F::kBarEmpty + j % R, F::kThreads);
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j])
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
-        F::ahead(smem, j % 2)[0] = more ? nxt.c0 : -1;
-        F::ahead(smem, j % 2)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
+        F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
+        F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
+        if (paired && (j & 1) != rank) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's Mt
       }
       probe.mark();
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
@@ -537,16 +581,24 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                             // for this thread's outstanding loads, the next chunk's gates)
       }
 #if GDNKIT_FUSED_PROBE_SKIP != 1
-      fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % 2), smem,
-                          reinterpret_cast<float*>(smem + F::off_gates + (j % 2) * F::gates_bytes),
-                          gate_beta_value(p, gb_cur, tid), nrows,
-                          tid, probe);
+      fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
+                      reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
+                      gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !paired || (j & 1) == rank);
 #endif
+      if (paired && (j & 1) == rank) {  // Mt into the peer's stage, once its walk is done with chunk j - 3 there
+        gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
+        named_sync(F::kBarAux, 128);
+        if (tid == 0) {
+          if (j >= 3) mbar_wait_cluster(F::rec_free_bar(smem, j % R), ((j - 3) / 6) & 1);
+          bulk_copy_to_peer(peer_smem(F::rec(smem, j % R), rank ^ 1), F::rec(smem, j % R), F::rec_copy_bytes,
+                            peer_smem(F::rec_full_bar(smem, j % R), rank ^ 1));
+        }
+      }
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V
 #endif
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
-      named_arrive(F::kBarFull + j % 2, F::kThreads);
+      named_arrive(F::kBarFull + j % R, F::kThreads);
       probe.mark();
       probe.print("aux: EMPTY, ahead | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
                   "diagonal | block rows | tail | V + FULL");
@@ -556,8 +608,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gb_cur = gb_next;
     }
   }
-  // Every arrival on a barrier is matched before the CTA exits: the last two chunks' EMPTY.
-  for (int jj = j >= 2 ? j - 2 : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % 2, F::kThreads);
+  // Every arrival on a barrier is matched before the CTA exits: the last R chunks' EMPTY.
+  for (int jj = j >= R ? j - R : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % R, F::kThreads);
 }
 
 // P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
@@ -623,6 +675,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   }
 
   float st[DK / 8][4];
+  constexpr int R = F::kRecStages;
+  const bool paired = fused_paired<F>();
+  const int rank = paired ? static_cast<int>(cluster_rank()) : 0;
   int j = 0;
   // Walk i's sequence (for its initial and final state).
   auto walk_seq = [&](std::int64_t i) -> std::int64_t {
@@ -658,18 +713,20 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
 #endif
       probe.mark();
-      named_sync(F::kBarFull + j % 2, F::kThreads);
+      const int s = j % R;
+      named_sync(F::kBarFull + s, F::kThreads);
+      if (paired && (j & 1) != rank) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's Mt (fused_paired)
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's).
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       if (tid == 0 && j >= 1) {
-        const int* const a = F::ahead(smem, j % 2);
+        const int* const a = F::ahead(smem, s);
         if (a[0] >= 0) copy.v(a[0], (j + 1) % 2);
         if (a[1] >= 0) copy.kq(a[1], (j + 2) % 3);
       }
 #endif
       probe.mark();
-      unsigned char* const rec = F::rec(smem, j % 2);
+      unsigned char* const rec = F::rec(smem, s);
       if (nrows < C) {
         // A tail chunk: each warpgroup zeroes the rows of its own 64 V columns that the walk reads
         // past the end, [nrows, 16 nb) (TMA filled them from the next sequence; at most 15 rows of
@@ -680,7 +737,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
       fused_p<F>(F::kq(smem, j % 3), rec,
-                 reinterpret_cast<const float*>(smem + F::off_gates + (j % 2) * F::gates_bytes) + C, p.scale, tid);
+                 reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid);
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
       gmma_smem_fence();
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
@@ -703,7 +760,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
         default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
       }
-      named_arrive(F::kBarEmpty + j % 2, F::kThreads);
+      named_arrive(F::kBarEmpty + s, F::kThreads);
+      if (paired && (j & 1) == rank) {  // done with this CTA's Mt of chunk j: the peer may copy chunk j + 3 here
+        __syncwarp();
+        if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, s), rank ^ 1));
+      }
       probe.mark();
       probe.print("state: full-wait walk");
       zero_state = false;
@@ -737,6 +798,10 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     tma_prefetch(&fp.v);
     for (int s = 0; s < 3; ++s) mbar_init(F::kq_bar(smem, s), 1);
     for (int s = 0; s < 2; ++s) mbar_init(F::v_bar(smem, s), 1);
+    for (int s = 0; s < F::kRecStages; ++s) {
+      mbar_init(F::rec_full_bar(smem, s), 1);
+      mbar_init(F::rec_free_bar(smem, s), 4 * F::kStateWarpgroups);
+    }
     mbar_init_fence();
   }
   if constexpr (F::kWalks) {
@@ -758,6 +823,8 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   } else {
     __syncthreads();  // the barriers are initialised
   }
+  // A pair: the peer's barriers are initialised before any copy or arrival reaches them.
+  if (fused_paired<F>()) cluster_sync();
   if (tid < 128) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
     fused_aux<F>(fp, smem, order, tid);
@@ -765,6 +832,8 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     if constexpr (F::kStateWarpgroups == 2) regs_up<F::kStateRegs>();
     fused_state<F>(fp, smem, order, tid - 128);
   }
+  // Neither CTA of a pair exits while the other may still copy into it or arrive on its barriers.
+  if (fused_paired<F>()) cluster_sync();
 }
 
 // grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a

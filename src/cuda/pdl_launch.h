@@ -10,19 +10,28 @@
 namespace gdnkit::cuda {
 
 // config for cudaLaunchKernelEx / cudaLaunchKernelExC; with after == false a plain launch.
-// Not copyable: config points at attr.
+// Not copyable: config points at attrs.
 struct PdlLaunch {
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attrs[2]{};
   cudaLaunchConfig_t config{};
-  PdlLaunch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, bool after) {
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+  // cluster_x > 1: thread-block clusters of that many CTAs along x (grid.x a multiple of it).
+  PdlLaunch(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, bool after, unsigned cluster_x = 1) {
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem;
     config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = after ? 1 : 0;
+    config.attrs = attrs;
+    config.numAttrs = 0;
+    if (after) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attrs[config.numAttrs].val.clusterDim.x = cluster_x;
+      attrs[config.numAttrs].val.clusterDim.y = 1;
+      attrs[config.numAttrs++].val.clusterDim.z = 1;
+    }
   }
   PdlLaunch(const PdlLaunch&) = delete;
   PdlLaunch& operator=(const PdlLaunch&) = delete;

@@ -172,6 +172,57 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint3
                : "memory");
 }
 
+// Thread-block clusters (sm_90): the CTA's rank in its cluster, the cluster's size, and a barrier
+// of all threads of the cluster's CTAs (release / acquire: shared-memory writes before it are
+// visible to every CTA of the cluster after it; each thread takes part).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The address of this CTA's shared variable `p` in CTA `rank` of the cluster (shared::cluster).
+__device__ __forceinline__ std::uint32_t peer_smem(const void* p, unsigned rank) {
+  std::uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+  return r;
+}
+// One arrival on an mbarrier of a CTA of the cluster (a shared::cluster address), release at
+// cluster scope: this thread's earlier memory operations are ordered before it.
+__device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// mbar_wait with acquire at cluster scope: for arrivals from another CTA of the cluster.
+__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// `bytes` (a multiple of 16) of this CTA's shared memory at src into another CTA's of the cluster
+// at dst by the TMA unit, completing the transaction bytes of that CTA's mbarrier bar (dst and bar:
+// shared::cluster addresses, peer_smem). The source's generic writes need
+// fence.proxy.async.shared::cta (gmma_smem_fence) before.
+__device__ __forceinline__ void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t bytes,
+                                                  std::uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   dst),
+               "r"(smem_addr(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // Host: the TMA descriptor of a [heads][tokens][cols] 16-bit tensor (strides in elements; any
 // stride of a dimension with one entry is ignored), boxes of 64 x 64 x 1, 128-byte swizzle, zeros
 // outside. False when the driver rejects it. Defined in fused_sm90.cu.

@@ -14,6 +14,7 @@ using gdnkit::cuda::cp_choose;
 using gdnkit::cuda::cp_split_cost;
 using gdnkit::cuda::cp_unsplit_cost;
 using gdnkit::cuda::CpChoice;
+using gdnkit::cuda::fused64_pays;
 using gdnkit::cuda::UnsplitKernel;
 
 constexpr int kH200Sms = 132;
@@ -101,6 +102,27 @@ TEST(CpModel, ChoicesOnTheH200) {
   // Many walks run the fused kernel unsplit (128 columns per CTA) and fill the GPU: no split.
   EXPECT_EQ(cp_choose(shape(64, 2, 16384), kH200Sms, {true, 8}, 0, 16384, true, false).nseg, 0);
   EXPECT_EQ(cp_choose(shape(32, 8, 4096), kH200Sms, {true, 8}, 0, 4096, true, false).nseg, 0);
+}
+
+// The fused kernel's 64-column CTAs in pairs sharing their records against the split path, single
+// sequences at 64 and 32 heads (measured on an H200, bench/results/nvidia-h200-2026-12-01-cta-pairs.txt).
+TEST(CpModel, Fused64PairsOnTheH200) {
+  struct M {
+    std::int64_t len;
+    double ms, tolerance;
+  };
+  for (const M& m : {M{1024, 0.0684, 0.08}, M{4096, 0.2420, 0.05}, M{16384, 0.9376, 0.05}, M{32768, 1.8592, 0.05}}) {
+    const double us = cp_unsplit_cost({true, 4}, shape(64, 1, m.len), kH200Sms);
+    EXPECT_NEAR(us / 1000.0, m.ms, m.tolerance * m.ms) << m.len << " tokens";
+  }
+  // 64 heads: the pairs measured 11-12% faster than the split path (4 warps: 0.283, 1.058, 2.05 ms).
+  for (std::int64_t len : {4096, 16384, 32768}) EXPECT_TRUE(fused64_pays(shape(64, 1, len), kH200Sms, 4)) << len;
+  // 32 heads: 64 fused CTAs against the split path's 128 (2 warps, 0.843 ms at 16K tokens).
+  EXPECT_FALSE(fused64_pays(shape(32, 1, 16384), kH200Sms, 2));
+  EXPECT_FALSE(fused64_pays(shape(8, 1, 32768), kH200Sms, 1));
+  // Unsplit on the pairs, 64 heads still never split.
+  for (std::int64_t len : {4096, 16384, 32768})
+    EXPECT_EQ(cp_choose(shape(64, 1, len), kH200Sms, {true, 4}, 0, len, true, false).nseg, 0) << len;
 }
 
 // Packed lengths unknown to the host (no max_seq_len): the worst case, one sequence of all the

@@ -331,4 +331,19 @@ inline void gmma_wait() {
 inline void gmma_wait_all() { gmma_wait<0>(); }
 template <int N> inline void gmma_fence(float (&)[N]) {}
 template <int N> inline void gmma_fence(std::uint32_t (&)[N]) {}
+// Clusters: the harness runs one CTA at a time, so every CTA is a cluster of one (the kernels'
+// paired paths never run here; the GPU suite covers them). The cluster barrier is the CTA's.
+inline unsigned cluster_rank() { return 0; }
+inline unsigned cluster_size() { return 1; }
+inline void cluster_sync() { __syncthreads(); }
+[[noreturn]] inline void cluster_unreachable(const char* what) {
+  std::fprintf(stderr, "%s in a cluster of one CTA\n", what);
+  std::abort();
+}
+inline std::uint32_t peer_smem(const void*, unsigned) { cluster_unreachable("peer_smem"); }
+inline void mbar_arrive_cluster(std::uint32_t) { cluster_unreachable("mbar_arrive_cluster"); }
+inline void mbar_wait_cluster(std::uint64_t*, int) { cluster_unreachable("mbar_wait_cluster"); }
+inline void bulk_copy_to_peer(std::uint32_t, const void*, std::uint32_t, std::uint32_t) {
+  cluster_unreachable("bulk_copy_to_peer");
+}
 }  // namespace gdnkit::cuda
