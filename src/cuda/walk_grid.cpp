@@ -22,9 +22,7 @@ WalkGrid walk_grid(const detail::Shape& s, int cols, bool packed, bool fused, in
   // The fused kernel fills its pipeline once per CTA (about a record, ~5 us on an H200), so a
   // packed batch with more sequences than one wave of CTAs has room for is walked by one wave: each
   // CTA takes its share of the ranked sequences (ChunkedParams::lpt) and runs them back to back.
-  // Only for sequences of up to 16 chunks on average: there the fills are a large part of a walk
-  // (-5 to -15% on an H200); at 26 and 128 chunks the shares measured 0.6% and 1.7% slower.
-  if (ranked && fused && s.T <= 16 * kChunk * s.N) {
+  if (ranked && fused) {
     const std::int64_t wave = std::max<std::int64_t>(1, slots / xy);
     if (wave < s.N) {
       g.z = wave;
