@@ -3,7 +3,7 @@
 // list), so that no record goes through global memory and K and Q are read once.
 //
 // One aux warpgroup and DVB / 64 state warpgroups (384 or 256 threads):
-//   aux (warps 0-3)    computes each chunk's record into shared memory one chunk ahead of the
+//   aux (warps 0-3)    computes each chunk's record into shared memory up to R - 1 chunks ahead of the
 //                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
 //                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
@@ -23,12 +23,13 @@
 // 32-bit). With one, every warpgroup keeps 255.
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
-// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V and the
-// record in two; mbarriers track the copies. Named barriers: FULL[c % 2] (aux arrives when chunk
-// c's K, Q, V, gates and record are in place; the state warps wait), EMPTY[c % 2] (the state warps
-// arrive when done with chunk c; the aux waits before it reuses chunk c's stages for chunk c + 2),
-// P (the state warpgroups' P and tail V rows are in place, before the walk reads them). The aux's
-// own barrier orders its phases.
+// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two,
+// the record (and its gates) in R = F::kRecStages: two at 128 columns, three at 64; mbarriers track
+// the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
+// in place; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
+// the aux waits before it reuses chunk c's stages for chunk c + R), P (the state warpgroups' P and
+// tail V rows are in place, before the walk reads them). The aux's own barrier orders its phases.
+// At 64 columns the two CTAs of a walk run as a cluster and share the records (fused_paired).
 //
 // Tail chunks: a TMA box always holds 64 rows, so past a sequence's end it copies the next
 // sequence's rows (or zeros past the tensor). With finite values they would cancel exactly (zero
