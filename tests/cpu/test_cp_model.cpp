@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/h200_shape.h"
 #include "cuda/cp_model.h"
 
 namespace {
@@ -17,15 +18,11 @@ using gdnkit::cuda::CpChoice;
 using gdnkit::cuda::fused64_pays;
 using gdnkit::cuda::UnsplitKernel;
 
-constexpr int kH200Sms = 132;
+using gdnkit::test::kH200Sms;
 
+// seqs sequences of len tokens each.
 gdnkit::detail::Shape shape(int heads, std::int64_t seqs, std::int64_t len) {
-  gdnkit::detail::Shape s;
-  s.N = seqs;
-  s.T = seqs * len;
-  s.Hq = s.Hk = s.Hv = s.H = heads;
-  s.dk = s.dv = 128;
-  return s;
+  return gdnkit::test::mha_shape(heads, seqs, seqs * len);
 }
 
 // The kernel the planner runs unsplit on an H200 for one sequence of these heads (dk = dv = 128):

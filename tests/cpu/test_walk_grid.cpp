@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/h200_shape.h"
 #include "cuda/walk_grid.h"
 
 namespace {
@@ -12,16 +13,8 @@ namespace {
 using gdnkit::cuda::walk_grid;
 using gdnkit::cuda::WalkGrid;
 
-constexpr int kH200Sms = 132;
-
-gdnkit::detail::Shape shape(int heads, std::int64_t seqs, std::int64_t tokens) {
-  gdnkit::detail::Shape s;
-  s.N = seqs;
-  s.T = tokens;
-  s.Hq = s.Hk = s.Hv = s.H = heads;
-  s.dk = s.dv = 128;
-  return s;
-}
+using gdnkit::test::kH200Sms;
+constexpr auto shape = gdnkit::test::mha_shape;  // (heads, sequences, tokens in all)
 
 void expect_grid(const WalkGrid& g, std::int64_t z, bool longest_first, bool lpt) {
   EXPECT_EQ(g.z, z);
