@@ -110,7 +110,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   WalkSpan* list1 = nullptr;
   WalkSpan* list3 = nullptr;
   int* seq_slots = nullptr;
-  if (!cp_compute_lists(p, c)) {
+  const bool computed = cp_compute_lists(p, c);
+  if (!computed) {
     list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
     list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
     seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
@@ -147,14 +148,16 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   err = launch_fused_encoded(k1, p1, maps, g1, stream, /*after=*/true);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
-  const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
-  if (dk == 128)
-    err = launch_after(gdn_cp_scan_kernel<128>, grid, cp_scan_threads<128>(), cp_scan_smem_bytes<128>(), stream, p,
-                       seq_slots, E, M);
-  else
-    err = launch_after(gdn_cp_scan_kernel<64>, grid, cp_scan_threads<64>(), cp_scan_smem_bytes<64>(), stream, p,
-                       seq_slots, E, M);
-  if (err != cudaSuccess) return err;
+  if (cp_needs_scan(p, c, computed)) {
+    const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
+    if (dk == 128)
+      err = launch_after(gdn_cp_scan_kernel<128>, grid, cp_scan_threads<128>(), cp_scan_smem_bytes<128>(), stream, p,
+                         seq_slots, E, M);
+    else
+      err = launch_after(gdn_cp_scan_kernel<64>, grid, cp_scan_threads<64>(), cp_scan_smem_bytes<64>(), stream, p,
+                         seq_slots, E, M);
+    if (err != cudaSuccess) return err;
+  }
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
   const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,

@@ -1,5 +1,6 @@
 // Context parallelism on one GPU (docs/math.md "Splitting a sequence"): the device side of the
-// launches that cp.cu enqueues back to back on one stream (four, or three without the builder).
+// launches that cp.cu enqueues back to back on one stream (up to four: the builder and the scan
+// only where needed).
 //
 // Sequence n (len_n tokens, from cu_seqlens or the uniform length) is cut at chunk borders into
 // nseg_n = max(1, ceil(len_n / seg)) segments of `seg` tokens (the last one shorter). A sequence
@@ -17,7 +18,9 @@
 //     is walked whole here, exactly as the unsplit kernel walks it.
 //   Stage 2, cp_scan_cta: per (sequence, head, 8 value columns), E[slot_n + s] <- M_s E[slot_n + s - 1]
 //     + E[slot_n + s] for s = 1 .. nseg_n - 1, in fp32, in order: E then holds the true end states,
-//     the last one the sequence's final state (also written to final_state).
+//     the last one the sequence's final state (also written to final_state). Without a final state
+//     the last step is skipped (no correction reads it), and so is the launch where no sequence
+//     has three segments or more and the host knows it (computed lists).
 //   Stage 3, cp_fix_cta over list 3 (segments s >= 1): o_t += map_o[t] E[slot_n + s - 1], a
 //     chunk-parallel product (E split into a 16-bit hi + lo pair, fp32 accumulation).
 // Every token's o is thus walked once (the unsplit kernel's work), plus one identity walk of dk
@@ -144,7 +147,10 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     cp_seq_range(p, n, bos, eos);
     nseg = cp_segments(eos - bos, p.cp_seg), base = n * p.cp_per_seq;
   }
-  if (nseg < 2) return;  // not split
+  // Step s makes E[base + s] the true state, which the correction of segment s + 1 reads; the
+  // last step's state is only the sequence's final state, not computed where none is wanted.
+  const int steps = p.want_final_state ? nseg : nseg - 1;  // steps 1 .. steps - 1
+  if (steps < 2) return;  // not split, or two segments and no final state
   if (tid == 0) {
     mbar_init(&bar[0], 1);
     mbar_init(&bar[1], 1);
@@ -181,7 +187,7 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     return p.map_end != nullptr && p.map_end[2 * ((base + s) * p.num_heads + h) + 1] != 0;
   };
   auto issue = [&](int s) {  // thread 0: M_s into buffer s % 2
-    if (s >= nseg || cut(s)) return;
+    if (s >= steps || cut(s)) return;
     constexpr std::uint32_t bytes = DK * DK * 4;
     mbar_expect_tx(&bar[s & 1], bytes);
     bulk_load(mbuf + (s & 1) * DK * DK, M + ((base + s) * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK, bytes,
@@ -200,12 +206,12 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
   unsigned phase = 0;  // bit b: the parity of buffer b's next copy (its barrier's phase)
   float nxt[TC];       // N_s, loaded a step ahead (its latency was a sixth of the step)
   load(E + row(base + 1), nxt);
-  for (int s = 1; s < nseg; ++s) {
+  for (int s = 1; s < steps; ++s) {
     float* const e = E + row(base + s);
     float acc[TC];
 #pragma unroll
     for (int j = 0; j < TC; ++j) acc[j] = nxt[j];
-    if (s + 1 < nseg) load(E + row(base + s + 1), nxt);
+    if (s + 1 < steps) load(E + row(base + s + 1), nxt);
     const bool skip = cut(s);
     if (!skip) {  // else E_s = N_s: X is not read (each thread writes only its own part of it)
       const float* const m = mbuf + (s & 1) * DK * DK + i;

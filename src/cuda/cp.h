@@ -40,6 +40,15 @@ inline bool cp_compute_lists(ChunkedParams& p, const CpLayout& c) {
   return true;
 }
 
+// Whether the scan has a step to take (cp.cuh, stage 2): a sequence of three segments or more, or a
+// final state wanted (the last step's only product). With computed lists the host knows the
+// longest sequence (at most T tokens where there is one, else the common length); otherwise the
+// scan is launched and its CTAs find out.
+inline bool cp_needs_scan(const ChunkedParams& p, const CpLayout& c, bool computed) {
+  const std::int64_t longest = p.num_seqs == 1 ? p.tokens : p.uniform_len;
+  return !computed || p.want_final_state || (longest + c.seg - 1) / c.seg > 2;
+}
+
 // The workspace of one split call: the two lists, the per-sequence slot table, the segments' end
 // states E and maps M, and the map CTAs' output rows ([T, H, dk], 16-bit).
 struct CpWorkspace {
@@ -56,7 +65,7 @@ cudaError_t cp_prepare(int device);
 // cp_compute_lists holds), with cutoff > 0 the decay shortcut's stop points (cp_stop_cta), stage 1
 // on k1 (a walk-list fused kernel, opted into its shared memory, whose value-column blocks divide
 // dk: its map CTAs cover M; maps: the call's K, Q and V descriptors for it, chunked.h), the scan
-// and the correction; every launch after the builder is a programmatic dependent launch (pdl.cuh).
+// (where cp_needs_scan) and the correction; every launch after the builder is a programmatic dependent launch (pdl.cuh).
 // p is the call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
 // cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,

@@ -645,9 +645,10 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   if (layout.cap3 == 0) return;
 
   static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
-  run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
-           cuda::cp_scan_threads<DK>(),
-           [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
+  if (cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
+    run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
+             cuda::cp_scan_threads<DK>(),
+             [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
 
   const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
   static_assert(cuda::cp_fix_smem_bytes<128>() <= sizeof(cuda::smem_raw));
@@ -667,6 +668,7 @@ TEST(Emulated, ContextParallel) {
     StateLayout layout;
     test::Inputs inputs;
     bool gate;
+    bool final_state = true;  // without it the scan skips its last step (and the launch, below)
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -680,6 +682,10 @@ TEST(Emulated, ContextParallel) {
       {{300}, true, 128, 64, 64, 2, true, false, StateLayout::kv, hard, true},  // padded o rows (below)
       {{1100}, true, 128, 576, 128, 1, true, false, StateLayout::kv, hard, false},  // segments of 9 chunks: 2 parts
       {{100, 100}, false, 128, 128, 128, 1, true, false, StateLayout::kv, hard, true},  // shorter than a segment
+      // No final state: the scan's last step is skipped; two segments of a known length need no scan.
+      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, false},             // 3 of 4 steps
+      {{200, 200}, false, 128, 128, 128, 3, true, false, StateLayout::vk, hard, true, false},      // no scan launched
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::kv, hard, true, false},  // packed
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -692,7 +698,7 @@ TEST(Emulated, ContextParallel) {
     s.dv = 128;
     s.initial_state = r.init;
     s.in_place = r.in_place;
-    s.final_state = true;
+    s.final_state = r.final_state;
     s.layout = r.layout;
     s.inputs = r.inputs;
     s.has_gate = r.gate;

@@ -1069,8 +1069,9 @@ Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, 
 
 }  // namespace
 
-// Split runs against the oracle and against the same problem unsplit: segment counts from 2 (no
-// scan) to many (a segment of one chunk), short last segments, both dtypes, dk and dv 64 and 128,
+// Split runs against the oracle and against the same problem unsplit: segment counts from 2 (one
+// scan step; none without a final state) to many (a segment of one chunk), with and without the
+// final state (the scan's last step only makes it), short last segments, both dtypes, dk and dv 64 and 128,
 // both state layouts, in-place states, no gate and almost no decay (where the segments' maps carry
 // the answer: realistic gates decay a start state to nothing within a segment), uniform batches
 // and packed ones of uneven lengths (some sequences not split, one empty).
@@ -1129,6 +1130,19 @@ TEST_F(Cuda, ContextParallel) {
     s.has_gate = false;
     s.layout = StateLayout::vk;
     runs.push_back({s, 5});
+    // No final state: two segments of one sequence launch no scan; more skip the last step, also
+    // in a packed batch whose lengths only the device knows.
+    s = cp_spec({2048}, true, 128, 128, DType::bf16, 1710);
+    s.inputs = Inputs::hard;
+    s.initial_state = true;
+    s.final_state = false;
+    runs.push_back({s, 2});
+    s.seed = 1711;
+    runs.push_back({s, 6});
+    s = cp_spec({3000, 0, 700, 64, 1, 2500}, true, 128, 128, DType::bf16, 1712);
+    s.inputs = Inputs::hard;
+    s.final_state = false;
+    runs.push_back({s, 4});
   }
   for (const Run& r : runs) {
     gdnkit::Options split, whole;
