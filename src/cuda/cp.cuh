@@ -99,7 +99,12 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
   for (std::int64_t i = o3 + tid; i < c.cap3; i += NT) list3[i] = empty;
 }
 
-constexpr int kCpScanCols = 8;  // value columns per scan CTA (dv / 8 CTAs per sequence and head)
+// Value columns per scan CTA (dv / 8 CTAs per sequence and head). Overridable to measure: 16 and
+// 32 (fewer reads of M, more work per CTA) were 9% and 29% slower on qwen35tp8-2x8-b1-t8192.
+#ifndef GDNKIT_CP_SCAN_COLS
+#define GDNKIT_CP_SCAN_COLS 8
+#endif
+constexpr int kCpScanCols = GDNKIT_CP_SCAN_COLS;
 // Value columns per scan thread: two threads per row of X, so that each scheduler has two warps
 // to hide the shared-memory loads' latency with (one warp per scheduler stalled on them).
 #ifndef GDNKIT_CP_SCAN_THREAD_COLS
