@@ -99,22 +99,13 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
   for (std::int64_t i = o3 + tid; i < c.cap3; i += NT) list3[i] = empty;
 }
 
-// Value columns per scan CTA (dv / 8 CTAs per sequence and head). Overridable to measure: 16 and
-// 32 (fewer reads of M, more work per CTA) were 9% and 29% slower on qwen35tp8-2x8-b1-t8192.
-#ifndef GDNKIT_CP_SCAN_COLS
-#define GDNKIT_CP_SCAN_COLS 8
-#endif
-constexpr int kCpScanCols = GDNKIT_CP_SCAN_COLS;
-// Value columns per scan thread: two threads per row of X, so that each scheduler has two warps
-// to hide the shared-memory loads' latency with (one warp per scheduler stalled on them).
-#ifndef GDNKIT_CP_SCAN_THREAD_COLS
-#define GDNKIT_CP_SCAN_THREAD_COLS 4
-#endif
-constexpr int kCpScanThreadCols = GDNKIT_CP_SCAN_THREAD_COLS;
-static_assert(kCpScanThreadCols % 4 == 0 && kCpScanCols % kCpScanThreadCols == 0, "whole float4s per thread");
+// Value columns per scan CTA (dv / 8 CTAs per sequence and head): the N of the step's m16n8k8
+// products. (16 and 32 columns per CTA, on the FFMA step before 3xTF32, were 9% and 29% slower.)
+constexpr int kCpScanCols = 8;
+// One warp per 16 rows of X (the M of m16n8k8).
 template <int DK>
 __host__ __device__ constexpr int cp_scan_threads() {
-  return DK * (kCpScanCols / kCpScanThreadCols);
+  return 32 * (DK / 16);
 }
 
 // The scan's shared memory: two buffers of M (DK x DK fp32 each), the running state X (DK x 8
@@ -125,22 +116,25 @@ __host__ __device__ constexpr std::size_t cp_scan_smem_bytes() {
 }
 
 // Stage 2 for (sequence blockIdx.z, head blockIdx.y, value columns [8 blockIdx.x, + 8)), by
-// cp_scan_threads<DK>() threads: thread tid owns row tid % DK, columns kCpScanThreadCols (tid / DK)
-// .. + kCpScanThreadCols - 1, of the running state X (dk x 8, in shared memory). Each step's M
-// (column-major, so that a warp's reads of M[i][k] are conflict-free) arrives in shared memory by
-// one bulk copy that thread 0 issues two steps ahead, on the step's buffer's mbarrier: per-thread
-// global loads of M (128 per step) had stalled the step on the load queue (ncu: lg_throttle).
-// E is in p's state layout; in the kv layout a thread's columns are contiguous 16-byte pieces.
-// sm: cp_scan_smem_bytes<DK>(), 16-byte aligned.
+// cp_scan_threads<DK>() threads: warp w forms rows [16 w, 16 w + 16) of X <- M X + N (X: dk x 8,
+// in shared memory) on mma.sync m16n8k8 with tf32 operands split as hi + lo (three products per
+// tile in three accumulators: hi hi + hi lo + lo hi, error ~2^-21 per product, as the inverse's;
+// tests/cpu/test_inverse.cpp), the lane holding rows 16 w + g, + 8 and columns 2 t, 2 t + 1. Each
+// step's M (column-major) arrives in shared memory by one bulk copy that thread 0 issues two steps
+// ahead, on the step's buffer's mbarrier. Its A fragments' loads are 4-way bank conflicts (the four
+// t of a row are DK words apart); M copied column by column to a padded pitch instead (DK copies
+// of DK floats) made each step wait for the copies: 12% slower on qwen35tp8-2x8-b1-t8192, where
+// this step is 2-4% faster than the FFMA step it replaced (perf-notes).
+// E is in p's state layout. sm: cp_scan_smem_bytes<DK>(), 16-byte aligned.
 template <int DK>
 __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* seq_slots, float* E, const float* M,
                                             unsigned char* sm, int tid) {
-  constexpr int NC = kCpScanCols, TC = kCpScanThreadCols;
-  float* const mbuf = reinterpret_cast<float*>(sm);  // [2][DK * DK]
-  float* const xs = mbuf + 2 * DK * DK;              // [DK][NC]
+  constexpr int NC = kCpScanCols, P = DK;
+  float* const mbuf = reinterpret_cast<float*>(sm);  // [2][DK columns k][DK]: M[i][k] at k DK + i
+  float* const xs = mbuf + 2 * DK * P;               // [DK][NC]
   std::uint64_t* const bar = reinterpret_cast<std::uint64_t*>(xs + DK * NC);
-  const int h = blockIdx.y, i = tid % DK, ct = TC * (tid / DK);  // row, first column within the CTA's
-  const int c0 = NC * blockIdx.x + ct;                             // the thread's first value column
+  const int h = blockIdx.y, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int r0 = 16 * warp + g, c0 = NC * blockIdx.x + 2 * t;  // the lane's rows r0, r0 + 8; columns c0, c0 + 1
   const std::int64_t n = blockIdx.z;
   grid_dependency_wait();
   int nseg;
@@ -163,29 +157,36 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
   }
   __syncthreads();  // the barriers initialised before any thread arms or waits on them
   const bool vk = p.state_vk;
-  // E's row i, the thread's columns c0 .. c0 + TC - 1 of slot gs (16-byte accesses in the kv layout).
-  auto row = [&](std::int64_t gs) { return (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv; };
-  auto load = [&](const float* e, float (&x)[TC]) {
-    if (!vk) {
+  // The lane's four elements of slot gs: (row r0 + 8 hh, column c0 + e) at x[2 hh + e].
+  auto at = [&](std::int64_t gs, int hh, int e) {
+    const std::int64_t m = (gs * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv;
+    return vk ? m + static_cast<std::int64_t>(c0 + e) * DK + r0 + 8 * hh : m + static_cast<std::int64_t>(r0 + 8 * hh) * p.dv + c0 + e;
+  };
+  auto load = [&](const float* e, std::int64_t gs, float (&x)[4]) {
 #pragma unroll
-      for (int j = 0; j < TC; j += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(e + i * p.dv + c0 + j);
-        x[j] = a.x, x[j + 1] = a.y, x[j + 2] = a.z, x[j + 3] = a.w;
+    for (int hh = 0; hh < 2; ++hh) {
+      if (!vk) {
+        const float2 a = *reinterpret_cast<const float2*>(e + at(gs, hh, 0));
+        x[2 * hh] = a.x, x[2 * hh + 1] = a.y;
+      } else {
+        x[2 * hh] = e[at(gs, hh, 0)], x[2 * hh + 1] = e[at(gs, hh, 1)];
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < TC; ++j) x[j] = e[(c0 + j) * DK + i];
     }
   };
-  auto store = [&](float* e, const float (&x)[TC]) {
-    if (!vk) {
+  auto store = [&](float* e, std::int64_t gs, const float (&x)[4]) {
 #pragma unroll
-      for (int j = 0; j < TC; j += 4)
-        *reinterpret_cast<float4*>(e + i * p.dv + c0 + j) = make_float4(x[j], x[j + 1], x[j + 2], x[j + 3]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < TC; ++j) e[(c0 + j) * DK + i] = x[j];
+    for (int hh = 0; hh < 2; ++hh) {
+      if (!vk) {
+        *reinterpret_cast<float2*>(e + at(gs, hh, 0)) = make_float2(x[2 * hh], x[2 * hh + 1]);
+      } else {
+        e[at(gs, hh, 0)] = x[2 * hh], e[at(gs, hh, 1)] = x[2 * hh + 1];
+      }
     }
+  };
+  auto put_x = [&](const float (&x)[4]) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      *reinterpret_cast<float2*>(xs + (r0 + 8 * hh) * NC + 2 * t) = make_float2(x[2 * hh], x[2 * hh + 1]);
   };
   // The decay shortcut: step s's start state decayed away (the same for the whole CTA), M_s unused.
   auto cut = [&](int s) {
@@ -195,7 +196,7 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     if (s >= steps || cut(s)) return;
     constexpr std::uint32_t bytes = DK * DK * 4;
     mbar_expect_tx(&bar[s & 1], bytes);
-    bulk_load(mbuf + (s & 1) * DK * DK, M + ((base + s) * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK, bytes,
+    bulk_load(mbuf + (s & 1) * DK * P, M + ((base + s) * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK, bytes,
               &bar[s & 1]);
   };
   if (tid == 0) {
@@ -203,56 +204,63 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     issue(2);
   }
   {
-    float x[TC];
-    load(E + row(base), x);
-#pragma unroll
-    for (int j = 0; j < TC; ++j) xs[i * NC + ct + j] = x[j];
+    float x[4];
+    load(E, base, x);
+    put_x(x);
   }
   unsigned phase = 0;  // bit b: the parity of buffer b's next copy (its barrier's phase)
-  float nxt[TC];       // N_s, loaded a step ahead (its latency was a sixth of the step)
-  load(E + row(base + 1), nxt);
+  float nxt[4];        // N_s, loaded a step ahead
+  load(E, base + 1, nxt);
   for (int s = 1; s < steps; ++s) {
-    float* const e = E + row(base + s);
-    float acc[TC];
+    float acc[4];
 #pragma unroll
-    for (int j = 0; j < TC; ++j) acc[j] = nxt[j];
-    if (s + 1 < steps) load(E + row(base + s + 1), nxt);
+    for (int j = 0; j < 4; ++j) acc[j] = nxt[j];
+    if (s + 1 < steps) load(E, base + s + 1, nxt);
     const bool skip = cut(s);
-    if (!skip) {  // else E_s = N_s: X is not read (each thread writes only its own part of it)
-      const float* const m = mbuf + (s & 1) * DK * DK + i;
+    if (!skip) {  // else E_s = N_s: X is not read
+      const float* const m = mbuf + (s & 1) * DK * P + 16 * warp + g;
       mbar_wait(&bar[s & 1], (phase >> (s & 1)) & 1);
       phase ^= 1u << (s & 1);
       __syncthreads();  // X of the previous step written
-      // Eight keys' loads issued before their products, so that a warp keeps several
-      // shared-memory loads in flight.
-      constexpr int KB = 8;
+      float d[3][4] = {};  // lo hi, hi lo, hi hi
+#pragma unroll 4
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        // A = M rows 16 w .., columns k0 ..: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4).
+        const float av[4] = {m[(k0 + t) * P], m[(k0 + t) * P + 8], m[(k0 + t + 4) * P], m[(k0 + t + 4) * P + 8]};
+        // B = X rows k0 .., columns 0 .. 7: b0 (t, g), b1 (t + 4, g).
+        const float bv[2] = {xs[(k0 + t) * NC + g], xs[(k0 + t + 4) * NC + g]};
+        std::uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
-      for (int k0 = 0; k0 < DK; k0 += KB) {
-        float mik[KB];
-        float4 xk[KB][TC / 4];
-#pragma unroll
-        for (int u = 0; u < KB; ++u) {
-          mik[u] = m[(k0 + u) * DK];  // M[i][k]
-#pragma unroll
-          for (int q = 0; q < TC / 4; ++q) xk[u][q] = *reinterpret_cast<const float4*>(xs + (k0 + u) * NC + ct + 4 * q);
+        for (int e = 0; e < 4; ++e) {
+          ah[e] = tf32_round(av[e]);
+          al[e] = tf32_round(av[e] - __uint_as_float(ah[e]));
         }
 #pragma unroll
-        for (int u = 0; u < KB; ++u)
-#pragma unroll
-          for (int q = 0; q < TC / 4; ++q) {
-            acc[4 * q] = fmaf(mik[u], xk[u][q].x, acc[4 * q]);
-            acc[4 * q + 1] = fmaf(mik[u], xk[u][q].y, acc[4 * q + 1]);
-            acc[4 * q + 2] = fmaf(mik[u], xk[u][q].z, acc[4 * q + 2]);
-            acc[4 * q + 3] = fmaf(mik[u], xk[u][q].w, acc[4 * q + 3]);
-          }
+        for (int e = 0; e < 2; ++e) {
+          bh[e] = tf32_round(bv[e]);
+          bl[e] = tf32_round(bv[e] - __uint_as_float(bh[e]));
+        }
+        mma1688_tf32(d[0], al, bh[0], bh[1]);
+        mma1688_tf32(d[1], ah, bl[0], bl[1]);
+        mma1688_tf32(d[2], ah, bh[0], bh[1]);
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] += (d[0][j] + d[1][j]) + d[2][j];
     }
     __syncthreads();  // every thread is done reading X and this step's buffer
     if (tid == 0) issue(s + 2);
+    put_x(acc);
+    if (!skip) store(E, base + s, acc);
+    if (s + 1 == nseg && p.want_final_state) {
+      float* const f = p.final_state + (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv;
 #pragma unroll
-    for (int j = 0; j < TC; ++j) xs[i * NC + ct + j] = acc[j];
-    if (!skip) store(e, acc);
-    if (s + 1 == nseg && p.want_final_state) store(p.final_state + (n * p.num_heads + h) * static_cast<std::int64_t>(DK) * p.dv, acc);
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = r0 + 8 * hh, c = c0 + e;
+          f[vk ? static_cast<std::int64_t>(c) * DK + r : static_cast<std::int64_t>(r) * p.dv + c] = acc[2 * hh + e];
+        }
+    }
   }
 }
 
