@@ -37,18 +37,19 @@ Strides resolve_strides(const char* name, Strides s, int heads, int dim) {
   return s;
 }
 
-// An output must not write one element twice: the two strided dimensions, inner one first,
-// must each step past everything the inner one covers.
+// An output must not write one element twice: the strided dimensions of more than one index, inner
+// one first, must each step past everything the inner one covers. (A dimension of extent 1 takes
+// no step: its stride is never used.)
 void check_no_overlap(const char* name, Strides s, std::int64_t tokens, int heads, int dim) {
   struct Dim { std::int64_t stride, extent; const char* what; };
   Dim a{s.head, heads, "head"}, b{s.token, tokens, "token"};
-  if (a.extent <= 1) a.stride = std::max<std::int64_t>(a.stride, dim);
-  if (b.extent <= 1) b.stride = std::max<std::int64_t>(b.stride, dim);
-  if (a.stride > b.stride) std::swap(a, b);
+  if (a.extent <= 1) std::swap(a, b);  // a: a dimension that steps, if any
+  if (a.extent <= 1) return;           // one row at most
+  if (b.extent > 1 && a.stride > b.stride) std::swap(a, b);
   if (a.stride < dim)
     fail(Error::Kind::invalid_value, std::string(name) + "." + a.what + " stride",
          "at least the head dim " + str(dim) + " (rows must not overlap)", str(a.stride));
-  if (b.stride < a.stride * a.extent)
+  if (b.extent > 1 && b.stride < a.stride * a.extent)
     fail(Error::Kind::invalid_value, std::string(name) + "." + b.what + " stride",
          "at least " + str(a.stride * a.extent) + " (rows must not overlap)", str(b.stride));
 }
@@ -98,6 +99,11 @@ Shape resolve_shape(const Problem& p) {
   s.dv = p.head_dim_v;
   s.T = p.total_tokens;
   s.N = p.num_seqs;
+  // Every byte offset into the states (and the per-sequence scratch) must fit 64 bits.
+  const std::int64_t max_seqs = (std::int64_t{1} << 60) / (static_cast<std::int64_t>(s.H) * s.dk * s.dv);
+  if (p.num_seqs > max_seqs)
+    fail(K::invalid_value, "num_seqs",
+         "at most " + str(max_seqs) + " (N x H x dk x dv state floats under 2^60)", str(p.num_seqs));
 
   if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16)
     fail(K::invalid_type, "q", "dtype bf16 or f16 (shared by q, k, v, o)", to_string(p.qkv_dtype));
@@ -107,7 +113,7 @@ Shape resolve_shape(const Problem& p) {
     if (p.cu_seqlens_dtype != DType::i32 && p.cu_seqlens_dtype != DType::i64)
       fail(K::invalid_type, "cu_seqlens", "dtype i32 or i64", to_string(p.cu_seqlens_dtype));
     if (p.cu_seqlens_dtype == DType::i32 && p.total_tokens > INT32_MAX)
-      fail(K::invalid_value, "cu_seqlens", "dtype i64 for T > 2^31-1", "i32");
+      fail(K::invalid_type, "cu_seqlens", "dtype i64 for T > 2^31-1", "i32");
   } else {
     if (p.total_tokens % p.num_seqs != 0)
       fail(K::invalid_value, "total_tokens",
@@ -291,12 +297,13 @@ void Plan::validate(const Tensors& t, Stream stream) const {
   for (std::int64_t i = 0; i < s.T; ++i)
     for (int h = 0; h < s.H; ++h) {
       const float x = g[i * s.g.token + h * s.g.head];
-      const bool ok = p.gate_space == GateSpace::log ? std::isfinite(x) : (std::isfinite(x) && x >= 0.0f);
+      // -inf is a full decay in log space (common/gate.h), as 0 is in linear space.
+      const bool ok = p.gate_space == GateSpace::log ? (std::isfinite(x) || x < 0.0f) : (std::isfinite(x) && x >= 0.0f);
       if (!ok) {
         std::ostringstream where;
         where << "g[" << i << ", " << h << "]";
         fail(Error::Kind::invalid_value, where.str(),
-             p.gate_space == GateSpace::log ? "a finite log-space gate" : "a finite linear gate >= 0",
+             p.gate_space == GateSpace::log ? "a finite log-space gate or -inf" : "a finite linear gate >= 0",
              std::to_string(x));
       }
     }

@@ -5,7 +5,8 @@
 //   p.total_tokens = T; p.num_seqs = N; ...
 //   gdnkit::Plan plan = gdnkit::Plan::create(p);            // checks metadata, picks a backend
 //   void* ws = alloc(plan.workspace_bytes());               // caller-owned scratch
-//   plan.run(tensors, ws, plan.workspace_bytes(), stream);  // no allocation, no host sync
+//   plan.run(tensors, ws, plan.workspace_bytes(), stream);  // CUDA: no allocation, no host sync
+//                                   // (the CPU backend starts its worker threads in run())
 //
 // The math is in docs/math.md. Summary, per sequence and output head, state S (dk x dv, fp32):
 //   S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * S_t^T q_t.
@@ -34,6 +35,8 @@ enum class DType : std::uint8_t { f16, bf16, f32, i32, i64 };
 
 // Log space: g_t = log(alpha_t), decay exp(g_t) (FLA, vLLM model code).
 // Linear space: the caller passes alpha_t itself (flashinfer, cuLA); gdnkit uses log(max(alpha, FLT_MIN)).
+// Either way a log gate below log(FLT_MIN) = -87.34 (-inf included) acts as -87.34: a full decay at
+// fp32 resolution, and the rows after such a reset keep the precision of their own gates.
 enum class GateSpace : std::uint8_t { log, linear };
 
 // kv: state[n][h][i_k][i_v] ([N, H, dk, dv], FLA).  vk: state[n][h][i_v][i_k] ([N, H, dv, dk], flashinfer).
@@ -182,12 +185,15 @@ class Plan {
   // work is enqueued on stream and run() returns without synchronising; for Memory::host it runs on
   // the calling thread plus worker threads and returns when done (stream is ignored; the calling
   // thread's floating-point mode is set to flush subnormals during the call and restored after).
-  // Throws Error for null pointers the problem needs or a workspace that is too small.
+  // Throws Error for null pointers the problem needs or a workspace that is too small. The CUDA
+  // backend also needs dk and dv of 64 or 128 and q, k, v, o strides that are multiples of 8
+  // elements (create() checks both), q, k, v, o 16-byte aligned and the workspace 256-byte aligned
+  // (run() checks them); states and gates need only their element type's alignment.
   void run(const Tensors& tensors, void* workspace, std::size_t workspace_bytes,
            Stream stream = nullptr) const;
 
   // Checks the values run() relies on: cu_seqlens starts at 0, never decreases and ends at T;
-  // gates are finite (log space) or finite and >= 0 (linear space). For Memory::cuda this copies
+  // gates are finite or -inf (log space), or finite and >= 0 (linear space). For Memory::cuda this copies
   // them to the host and synchronises stream: call it when debugging, not on the hot path.
   void validate(const Tensors& tensors, Stream stream = nullptr) const;
 

@@ -27,6 +27,7 @@
 #define GDNKIT_HAS_MXCSR 1
 #endif
 
+#include "common/gate.h"
 #include "common/half.h"
 #include "common/shape.h"
 #include "cpu/backend.h"
@@ -281,8 +282,7 @@ void run_item(const Context& ctx, std::int64_t seq, int head, float* ws) {
       for (int j = dv; j < ncv; ++j) xrow[j] = 0.0f;
       float gi = 0.0f;
       if (p.has_gate) {
-        const float x = t.g[tok * s.g.token + head * s.g.head];
-        gi = p.gate_space == GateSpace::log ? x : std::log(std::max(x, FLT_MIN));
+        gi = detail::log_gate(t.g[tok * s.g.token + head * s.g.head], p.gate_space == GateSpace::linear);
       }
       Gsum += gi;
       G[i] = Gsum;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "common/gate.h"
 #include "common/half.h"
 #include "common/shape.h"
 
@@ -15,6 +16,7 @@ void recurrence(const Problem& problem, const Tensors& t, std::int64_t seq, int 
                 std::vector<double>& o, std::vector<double>& final_state) {
   using detail::fail;
   using detail::load_as_float;
+  using detail::kLogGateFloor;
   using K = Error::Kind;
   const detail::Shape s = detail::resolve_shape(problem);
   if (seq < 0 || seq >= s.N)
@@ -67,8 +69,10 @@ void recurrence(const Problem& problem, const Tensors& t, std::int64_t seq, int 
     for (int d = 0; d < dv; ++d) v[d] = load_as_float(t.v, dt, tok * s.v.token + hv * s.v.head + d);
     double a = 1.0;
     if (problem.has_gate) {
-      const double g = t.g[tok * s.g.token + head * s.g.head];
-      a = problem.gate_space == GateSpace::log ? std::exp(g) : g;  // linear space: g holds alpha
+      // The gate's documented floor (common/gate.h), otherwise exact: linear space holds alpha.
+      const float g = t.g[tok * s.g.token + head * s.g.head];
+      a = problem.gate_space == GateSpace::log ? std::exp(static_cast<double>(g < kLogGateFloor ? kLogGateFloor : g))
+                                               : static_cast<double>(g < FLT_MIN ? FLT_MIN : g);
     }
     const double beta =
         problem.has_beta ? load_as_float(t.beta, problem.beta_dtype, tok * s.beta.token + head * s.beta.head)

@@ -44,12 +44,13 @@ void check_vector_strides(const char* name, const Strides& s, std::int64_t token
   if (heads > 1 && s.head % 8 != 0) fail(K::invalid_value, std::string(name) + ".head stride", expected, str(s.head));
 }
 
-void check_aligned(const char* name, const void* ptr) {
+void check_aligned(const char* name, const void* ptr, unsigned bytes = 16,
+                   const char* why = "16-byte vector access in the CUDA backend") {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (addr % 16 != 0) {
+  if (addr % bytes != 0) {
     char got[32];
     std::snprintf(got, sizeof got, "%p", ptr);
-    fail(K::invalid_value, name, "a 16-byte aligned pointer (16-byte vector access in the CUDA backend)", got);
+    fail(K::invalid_value, name, "a " + str(bytes) + "-byte aligned pointer (" + why + ")", got);
   }
 }
 
@@ -435,7 +436,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   p.longest_first = c.longest_first;
   p.lpt = c.lpt;
 
-  if (c.workspace > 0) check_aligned("workspace", workspace);
+  if (c.workspace > 0) check_aligned("workspace", workspace, 256, "Plan::run's contract; cudaMalloc's alignment");
   FusedMaps maps;
   const bool fused = c.cp_segments >= 2 || c.split->fused;
   if (fused && !call_fused_maps(c, p, problem.qkv_dtype, s.dk, &maps))

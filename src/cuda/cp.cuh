@@ -32,6 +32,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "common/gate.h"
 #include "cuda/chunk_io.cuh"
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
@@ -287,9 +288,7 @@ __device__ __forceinline__ void cp_stop_cta(const ChunkedParams& p, const WalkSp
       const std::int64_t t0 = w.begin + static_cast<std::int64_t>(c) * kChunk;
       const int n = w.end - t0 < kChunk ? static_cast<int>(w.end - t0) : kChunk;
       for (int r = 0; r < n; ++r) {
-        float gv = p.g[(t0 + r) * p.g_token + static_cast<std::int64_t>(h) * p.g_head];
-        if (p.gate_linear) gv = logf(fmaxf(gv, FLT_MIN));
-        x += gv;
+        x += detail::log_gate(p.g[(t0 + r) * p.g_token + static_cast<std::int64_t>(h) * p.g_head], p.gate_linear);
       }
     }
     // Inclusive scan over the round's chunks (Hillis-Steele in shared memory).

@@ -26,6 +26,7 @@
 
 #include <cfloat>
 
+#include "common/gate.h"
 #include "cuda/chunk_io.cuh"
 #include "cuda/mma_sm80.cuh"
 #include "cuda/wmma_common.cuh"
@@ -183,8 +184,8 @@ __device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const float* a, int ld
 // and returns the word as loaded (a 16-bit beta in the low half), gate_beta_value converts it. A
 // caller that keeps the word until it needs the value keeps the load in flight: converting at once
 // (a 16-bit beta's widening, a linear gate's log) makes the warp wait there for the load. Rows past
-// the chunk's end get 0: a neutral gate (exp(0) = 1) and no update. Linear gates are taken to log
-// space.
+// the chunk's end get 0: a neutral gate (exp(0) = 1) and no update. Gates are taken to log space
+// and floored (common/gate.h).
 __device__ __forceinline__ std::uint32_t load_gate_beta_bits(const ChunkedParams& p, std::int64_t c0, int nrows, int h,
                                                              int tid) {
   if (tid < kChunk) {
@@ -201,8 +202,7 @@ __device__ __forceinline__ std::uint32_t load_gate_beta_bits(const ChunkedParams
 }
 __device__ __forceinline__ float gate_beta_value(const ChunkedParams& p, std::uint32_t bits, int tid) {
   if (tid < kChunk) {
-    const float gv = __uint_as_float(bits);
-    return p.gate_linear ? logf(fmaxf(gv, FLT_MIN)) : gv;
+    return detail::log_gate(__uint_as_float(bits), p.gate_linear);
   }
   switch (p.beta_dtype) {
     case kBetaBF16: return __uint_as_float(bits << 16);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,8 @@ namespace gdnkit::test {
 enum class Inputs {
   realistic,  // q, k L2-normalised per head; v ~ randn; g = logsigmoid(randn); beta = sigmoid(randn)
   hard,       // as realistic, but g in (-1e-3, 0] (almost no decay) and beta in [0.99, 1]
+  resets,     // as hard, but about one gate in 40 a reset-style value: -1e4, -1e30, -FLT_MAX, -inf,
+              // -200 or -80 in log space; 0, 1e-45 (subnormal) or 1e-30 in linear space
 };
 
 // Everything that describes one test case. Defaults: MHA, 2 heads, 64/64, bf16, packed.
@@ -67,7 +70,8 @@ struct Spec {
       << " gate=" << has_gate << "(" << to_string(gate_space) << ") has_beta=" << has_beta
       << " init=" << initial_state << " final=" << final_state << " layout=" << to_string(layout)
       << " in_place=" << in_place << " fused=" << fused_qkv << " in_pad=" << in_head_pad << "/" << in_token_pad
-      << " o_pad=" << o_head_pad << "/" << o_token_pad << " inputs=" << (inputs == Inputs::hard ? "hard" : "realistic");
+      << " o_pad=" << o_head_pad << "/" << o_token_pad << " inputs="
+      << (inputs == Inputs::hard ? "hard" : inputs == Inputs::resets ? "resets" : "realistic");
     if (scale) s << " scale=" << *scale;
     return s.str();
   }
@@ -268,7 +272,10 @@ inline void fill_inputs(Case& c) {
   std::mt19937_64 rng(sp.seed * 0x9e3779b97f4a7c15ull + 12345);
   std::normal_distribution<double> randn(0.0, 1.0);
   std::uniform_real_distribution<double> unif(0.0, 1.0);
-  const bool hard = sp.inputs == Inputs::hard;
+  const bool hard = sp.inputs == Inputs::hard || sp.inputs == Inputs::resets;
+  const float log_resets[] = {-1e4f, -1e30f, -FLT_MAX, -INFINITY, -200.0f, -80.0f};
+  const float linear_resets[] = {0.0f, 1e-45f, 1e-30f};
+  int next_reset = 0;
   std::vector<double> row(static_cast<std::size_t>(std::max(s.dk, s.dv)));
   auto write_heads = [&](std::int64_t off, Strides st, int heads, int dim, bool normalise) {
     for (std::int64_t t = 0; t < s.T; ++t)
@@ -292,7 +299,12 @@ inline void fill_inputs(Case& c) {
       const double x = randn(rng);
       double g = hard ? -1e-3 * unif(rng) : -std::log1p(std::exp(-x));  // logsigmoid
       if (sp.gate_space == GateSpace::linear) g = std::exp(g);
-      c.g[static_cast<std::size_t>(t * s.g.token + h * s.g.head)] = static_cast<float>(g);
+      float gf = static_cast<float>(g);
+      if (sp.inputs == Inputs::resets && unif(rng) < 1.0 / 40) {
+        gf = sp.gate_space == GateSpace::linear ? linear_resets[next_reset % 3] : log_resets[next_reset % 6];
+        ++next_reset;
+      }
+      c.g[static_cast<std::size_t>(t * s.g.token + h * s.g.head)] = gf;
       const double y = randn(rng);
       const float b = static_cast<float>(hard ? 1.0 - 0.01 * unif(rng) : 1.0 / (1.0 + std::exp(-y)));
       const std::size_t bi = static_cast<std::size_t>(t * s.beta.token + h * s.beta.head);

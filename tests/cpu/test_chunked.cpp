@@ -303,6 +303,28 @@ TEST(ChunkedCpu, HardInputs) {
   report("L=1100+300 no gate, no beta 64", s, e);
 }
 
+// Reset-style gates (-1e4, -1e30, -FLT_MAX, -inf in log space; 0 or a subnormal alpha in linear
+// space) among almost-no-decay ones: without the floor of common/gate.h the chunk's sums G lose the
+// gates after a reset in their rounding (or turn into -inf - -inf = NaN).
+TEST(ChunkedCpu, ResetGates) {
+  int i = 0;
+  for (GateSpace gs : {GateSpace::log, GateSpace::linear})
+    for (StateLayout layout : {StateLayout::kv, StateLayout::vk}) {
+      Spec s;
+      s.lens = {700, 130, 0, 64};
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 128;
+      s.gate_space = gs;
+      s.layout = layout;
+      s.inputs = Inputs::resets;
+      s.initial_state = true;
+      s.seed = 960 + i++;
+      const Errors e = check_case(s);
+      report(("resets " + std::string(to_string(gs)) + " " + to_string(layout)).c_str(), s, e);
+    }
+}
+
 // Linear-space gates of exactly 0 (full reset; the kernel uses log(FLT_MIN)) and exactly 1.
 TEST(ChunkedCpu, LinearGateExtremes) {
   Spec s;

@@ -115,9 +115,40 @@ TEST(Errors, StridesAndScale) {
   p = small_problem();
   p.o.head = 10 * 16, p.o.token = 16;  // head-major [H, T, dv]: legal
   EXPECT_NO_THROW(Plan::create(p));
+  // A dimension of one index takes no step, so its stride is free (a transposed [1, H, dv] view).
+  p = small_problem();
+  p.total_tokens = 1, p.num_seqs = 1;
+  p.o.head = 16, p.o.token = 16;
+  EXPECT_NO_THROW(Plan::create(p));
+  p.o.token = 8;
+  EXPECT_NO_THROW(Plan::create(p));
+  p.o.head = 8;  // the heads still must not overlap, and the message gives the caller's stride
+  expect_plan_error(p, V, "o.head stride", {"at least the head dim 16", "got 8"});
+  p = small_problem();
+  p.num_q_heads = p.num_k_heads = p.num_v_heads = 1;
+  p.o.head = 3, p.o.token = 40;
+  EXPECT_NO_THROW(Plan::create(p));
+  p.o.token = 12;
+  expect_plan_error(p, V, "o.token stride", {"at least the head dim 16", "got 12"});
   p = small_problem();
   p.scale = std::numeric_limits<float>::quiet_NaN();
   expect_plan_error(p, V, "scale", {"expected a finite number"});
+}
+
+// Counts whose products would overflow the 64-bit offsets are refused at planning, not written past.
+TEST(Errors, HugeCounts) {
+  Problem p = small_problem();
+  p.total_tokens = 0;
+  p.has_cu_seqlens = false;
+  p.num_seqs = (std::int64_t{1} << 62) + 1;
+  expect_plan_error(p, V, "num_seqs", {"expected at most 2251799813685248 (N x H x dk x dv state floats under 2^60)",
+                                       "got 4611686018427387905"});
+  p.num_seqs = std::int64_t{1} << 51;  // 2 heads of 16 x 16: the limit
+  EXPECT_NO_THROW(Plan::create(p));
+  p = small_problem();
+  p.total_tokens = std::int64_t{1} << 31;
+  p.num_seqs = 1;
+  expect_plan_error(p, Ty, "cu_seqlens", {"expected dtype i64 for T > 2^31-1, got i32"});
 }
 
 TEST(Errors, BackendForMemory) {
@@ -269,7 +300,9 @@ TEST(Errors, ValidateValues) {
   expect_error([&] { plan.validate(b.tensors()); }, V, "cu_seqlens[2]", {"expected total_tokens=10, got 9"});
   b.cu = {0, 4, 10};
   b.g[7 * 2 + 1] = std::numeric_limits<float>::infinity();
-  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"expected a finite log-space gate", "got inf"});
+  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"expected a finite log-space gate or -inf", "got inf"});
+  b.g[7 * 2 + 1] = -std::numeric_limits<float>::infinity();  // a full decay
+  EXPECT_NO_THROW(plan.validate(b.tensors()));
   b.g[7 * 2 + 1] = std::numeric_limits<float>::quiet_NaN();
   expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"got nan"});
 

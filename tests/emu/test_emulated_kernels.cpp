@@ -478,6 +478,24 @@ TEST(Emulated, HardInputs) {
   check(n, 4);
 }
 
+// Reset-style gates (test::Inputs::resets) through the fused kernel and the split path: the gates'
+// floor (common/gate.h) keeps the fp32 sums G of the rows after a reset precise.
+TEST(Emulated, ResetGates) {
+  int i = 0;
+  for (GateSpace gs : {GateSpace::log, GateSpace::linear})
+    for (int w : {-2, 2}) {
+      Spec s;
+      s.lens = {330, 130};
+      s.Hq = s.Hk = s.Hv = 1;
+      s.dk = s.dv = 128;
+      s.gate_space = gs;
+      s.inputs = test::Inputs::resets;
+      s.initial_state = true;
+      s.seed = 960 + i++;
+      check(s, w);
+    }
+}
+
 // Accuracy, not only correctness: on realistic inputs the emulated kernels' errors against fp64
 // must stay near what this version measures (bf16, dk = dv = 128, mean of two seeds: o 2.89e-3,
 // state 1.86e-3). The GPU suite's tolerances are ~10x looser; dropping the Mt lo products (an
@@ -686,6 +704,8 @@ TEST(Emulated, ContextParallel) {
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, false},             // 3 of 4 steps
       {{200, 200}, false, 128, 128, 128, 3, true, false, StateLayout::vk, hard, true, false},      // no scan launched
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::kv, hard, true, false},  // packed
+      // Reset-style gates (-inf, -1e30, ...) inside segments: the maps and the scan see the floor.
+      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, test::Inputs::resets, true},
   };
   int k = 0;
   for (const Run& r : runs) {

@@ -126,7 +126,8 @@ class DeviceCase {
 // allocated before any run (and before any graph capture).
 class DeviceWorkspace {
  public:
-  explicit DeviceWorkspace(const Plan& plan) : bytes_(plan.workspace_bytes()) {
+  explicit DeviceWorkspace(const Plan& plan) : DeviceWorkspace(plan.workspace_bytes()) {}
+  explicit DeviceWorkspace(std::size_t bytes) : bytes_(bytes) {
     if (bytes_ > 0) GDN_CUDA(cudaMalloc(&ptr_, bytes_));
   }
   ~DeviceWorkspace() {

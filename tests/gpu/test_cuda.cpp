@@ -332,6 +332,26 @@ TEST_F(Cuda, InPlaceState) {
   }
 }
 
+// Reset-style gates (test::Inputs::resets: -1e4, -1e30, -FLT_MAX, -inf in log space, 0 or a
+// subnormal alpha in linear space) among almost-no-decay ones, on the planner's kernel and on a split.
+TEST_F(Cuda, ResetGates) {
+  int i = 0;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (GateSpace gs : {GateSpace::log, GateSpace::linear}) {
+      Spec s;
+      s.lens = {3000, 700, 0, 65};
+      s.Hq = s.Hk = 1;
+      s.Hv = 2;
+      s.dk = s.dv = 128;
+      s.qkv = dt;
+      s.gate_space = gs;
+      s.inputs = Inputs::resets;
+      s.initial_state = true;
+      s.seed = 1720 + i++;
+      check_case(s, std::string("resets ") + to_string(gs));
+    }
+}
+
 // Almost no decay (g in (-1e-3, 0]) and beta ~ 1 over 16K tokens: the state remembers everything,
 // so rounding errors are carried across 256 chunks instead of being forgotten.
 TEST_F(Cuda, HardInputs16K) {
@@ -822,6 +842,11 @@ TEST_F(Cuda, MisalignedPointer) {
   t = d.tensors();
   t.o = static_cast<unsigned char*>(t.o) + 8;
   expect_error([&] { plan.run(t, ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "o", "16-byte aligned");
+  if (plan.workspace_bytes() > 0) {  // the workspace: 256 bytes, as Plan::run documents
+    const test::DeviceWorkspace big(plan.workspace_bytes() + 256);
+    expect_error([&] { plan.run(d.tensors(), static_cast<unsigned char*>(big.ptr()) + 128, plan.workspace_bytes(), nullptr); },
+                 Error::Kind::invalid_value, "workspace", "256-byte aligned");
+  }
   GDN_CUDA(cudaDeviceSynchronize());
 }
 
@@ -1143,6 +1168,14 @@ TEST_F(Cuda, ContextParallel) {
     s.inputs = Inputs::hard;
     s.final_state = false;
     runs.push_back({s, 4});
+    // Reset-style gates (-inf, -1e30, ...; common/gate.h's floor) inside segments, both spaces.
+    s = cp_spec({4000}, true, 128, 128, DType::bf16, 1730);
+    s.inputs = Inputs::resets;
+    s.initial_state = true;
+    runs.push_back({s, 5});
+    s.gate_space = GateSpace::linear;
+    s.seed = 1731;
+    runs.push_back({s, 3});
   }
   for (const Run& r : runs) {
     gdnkit::Options split, whole;
