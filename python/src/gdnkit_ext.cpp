@@ -17,7 +17,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -183,8 +185,9 @@ bool numpy_bfloat16(nb::handle obj) {
   if (!is_numpy(obj)) return false;
   nb::object dt = nb::getattr(obj, "dtype");
   nb::object name = nb::getattr(dt, "name", nb::none());
+  // Native byte order only: the uint16 view of a byte-swapped array would be read swapped.
   return nb::isinstance<nb::str>(name) && std::string_view(nb::borrow<nb::str>(name).c_str()) == "bfloat16" &&
-         nb::cast<int>(dt.attr("itemsize")) == 2;
+         nb::cast<int>(dt.attr("itemsize")) == 2 && PyObject_IsTrue(nb::object(dt.attr("isnative")).ptr()) == 1;
 }
 
 void read_dlpack(Tensor& t) {
@@ -205,6 +208,13 @@ void read_dlpack(Tensor& t) {
         fail(Kind::invalid_value, t.name,
              "a tensor that does not require grad (gdnkit is forward-only: use torch.no_grad() or .detach())",
              "requires_grad=True");
+      if (is_numpy(obj)) {  // NumPy refuses DLPack for byte-swapped or unusual dtypes and odd strides
+        nb::object dt = nb::getattr(obj, "dtype");
+        fail(Kind::invalid_type, t.name,
+             "a NumPy array of native byte order, a supported dtype and strides in whole elements",
+             "dtype " + std::string(nb::str(dt.attr("str")).c_str()) + " (" + nb::str(dt).c_str() + "), strides " +
+                 nb::str(nb::getattr(obj, "strides")).c_str() + " bytes");
+      }
       fail(Kind::invalid_type, t.name, "a DLPack-capable tensor (NumPy array, torch tensor, ...)",
            py_type_name(obj));
     }
@@ -587,6 +597,37 @@ struct HostBuffer {
   void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(256)); }
 };
 
+std::string repr_double(double x) { return nb::repr(nb::float_(x)).c_str(); }
+
+// An int argument: Python ints and anything with __index__ (numpy.int64, ...); out of the 64-bit
+// range is a ValueError naming the argument.
+long long int_arg(nb::handle h, const char* name) {
+  if (PyFloat_Check(h.ptr()) || !PyIndex_Check(h.ptr())) fail(Kind::invalid_type, name, "an int or None", py_type_name(h));
+  nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0)
+    fail(Kind::invalid_value, name, "an int in the 64-bit range", nb::repr(i).c_str());
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  return x;
+}
+
+// A float argument: Python floats and ints and anything with __float__ (numpy.float32, ...), not
+// str or bool; an int too large for a double is a ValueError naming the argument.
+double float_arg(nb::handle h, const char* name) {
+  if (PyUnicode_Check(h.ptr()) || PyBool_Check(h.ptr()) || PyBytes_Check(h.ptr()))
+    fail(Kind::invalid_type, name, "a float or None", py_type_name(h));
+  const double x = PyFloat_AsDouble(h.ptr());
+  if (x == -1.0 && PyErr_Occurred()) {
+    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
+    PyErr_Clear();
+    if (overflow) fail(Kind::invalid_value, name, "a finite number", nb::repr(h).c_str());
+    fail(Kind::invalid_type, name, "a float or None", py_type_name(h));
+  }
+  return x;
+}
+
 const char* text_arg(nb::handle h, const char* name) {
   if (!PyUnicode_Check(h.ptr())) fail(Kind::invalid_type, name, "a str", py_type_name(h));
   const char* s = PyUnicode_AsUTF8(h.ptr());
@@ -639,11 +680,8 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   const bool validate = truthy(validate_obj);
 
   if (!scale_obj.is_none()) {
-    const double s = PyFloat_AsDouble(scale_obj.ptr());
-    if (s == -1.0 && PyErr_Occurred()) {
-      PyErr_Clear();
-      fail(Kind::invalid_type, "scale", "a float or None", py_type_name(scale_obj));
-    }
+    const double s = float_arg(scale_obj, "scale");
+    if (!(std::fabs(s) <= FLT_MAX)) fail(Kind::invalid_value, "scale", "a finite number (float32)", repr_double(s));
     p.scale = static_cast<float>(s);
   }
 
@@ -689,11 +727,17 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   p.q = qkv_strides(q, lead);
   p.k = qkv_strides(k, lead);
   p.v = qkv_strides(v, lead);
-  p.num_q_heads = static_cast<int>(q.dim(hd));
-  p.num_k_heads = static_cast<int>(k.dim(hd));
-  p.num_v_heads = static_cast<int>(v.dim(hd));
-  p.head_dim_k = static_cast<int>(q.dim(hd + 1));
-  p.head_dim_v = static_cast<int>(v.dim(hd + 1));
+  // Head counts and head dims are C ints in the Problem: larger ones are refused, not truncated.
+  auto int_dim = [&](const Tensor& t, int i, const char* what) {
+    if (t.dim(i) > INT_MAX)
+      fail(Kind::invalid_value, t.name, std::string("at most 2^31-1 ") + what, str(t.dim(i)) + " (shape " + shape_str(t) + ")");
+    return static_cast<int>(t.dim(i));
+  };
+  p.num_q_heads = int_dim(q, hd, "heads");
+  p.num_k_heads = int_dim(k, hd, "heads");
+  p.num_v_heads = int_dim(v, hd, "heads");
+  p.head_dim_k = int_dim(q, hd + 1, "head dims");
+  p.head_dim_v = int_dim(v, hd + 1, "head dims");
   if (k.dim(hd + 1) != q.dim(hd + 1))
     fail(Kind::invalid_value, "k", "head dim " + str(q.dim(hd + 1)) + " like q", str(k.dim(hd + 1)));
 
@@ -741,22 +785,17 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   options.cpu_threads = G.cpu_threads;
   options.kernel = kernel;
   if (!segments_obj.is_none()) {
-    if (!PyLong_Check(segments_obj.ptr()))
-      fail(Kind::invalid_type, "segments", "an int or None", py_type_name(segments_obj));
-    const long long k = nb::cast<long long>(segments_obj);
+    const long long k = int_arg(segments_obj, "segments");
     if (k < INT_MIN || k > INT_MAX) fail(Kind::invalid_value, "segments", "an int in the C int range", std::to_string(k));
     options.segments = static_cast<int>(k);
   }
   if (!cutoff_obj.is_none()) {
-    if (!PyFloat_Check(cutoff_obj.ptr()) && !PyLong_Check(cutoff_obj.ptr()))
-      fail(Kind::invalid_type, "split_decay_cutoff", "a float or None", py_type_name(cutoff_obj));
-    options.split_decay_cutoff = static_cast<float>(nb::cast<double>(cutoff_obj));  // the planner checks the range
+    const double c = float_arg(cutoff_obj, "split_decay_cutoff");
+    if (!(c >= 0.0 && c < 1.0)) fail(Kind::invalid_value, "options.split_decay_cutoff", "a value in [0, 1) (0: exact)", repr_double(c));
+    // In [0, 1) as given, so in float too (the planner checks the float's range again).
+    options.split_decay_cutoff = std::min(static_cast<float>(c), std::nextafter(1.0f, 0.0f));
   }
-  if (!max_len_obj.is_none()) {
-    if (!PyLong_Check(max_len_obj.ptr()))
-      fail(Kind::invalid_type, "max_seq_len", "an int or None", py_type_name(max_len_obj));
-    p.max_seq_len = nb::cast<std::int64_t>(max_len_obj);  // the planner checks the range
-  }
+  if (!max_len_obj.is_none()) p.max_seq_len = int_arg(max_len_obj, "max_seq_len");  // the planner checks the range
   const gdnkit::Plan P = gdnkit::Plan::create(p, options);
   const std::int64_t N = p.num_seqs, dk = p.head_dim_k, dv = p.head_dim_v, H = P.num_output_heads();
 

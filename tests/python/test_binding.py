@@ -570,6 +570,30 @@ BAD = {
     "state_layout": (_base, lambda a: a.update(state_layout="kk"), ValueError,
                      "state_layout: expected 'kv' ([N, H, dk, dv]) or 'vk' ([N, H, dv, dk]), got 'kk'"),
     "scale nan": (_base, lambda a: a.update(scale=float("nan")), ValueError, "scale: expected a finite number"),
+    "scale beyond float32": (_base, lambda a: a.update(scale=1e39), ValueError,
+                             "scale: expected a finite number (float32), got 1e+39"),
+    "segments float": (_base, lambda a: a.update(segments=2.0), TypeError,
+                       "segments: expected an int or None, got float"),
+    "segments beyond int64": (_base, lambda a: a.update(segments=2**70), ValueError,
+                              "segments: expected an int in the 64-bit range, got 1180591620717411303424"),
+    "max_seq_len beyond int64": (_base, lambda a: a.update(max_seq_len=-2**70), ValueError,
+                                 "max_seq_len: expected an int in the 64-bit range"),
+    "split_decay_cutoff huge int": (_base, lambda a: a.update(split_decay_cutoff=2**2000), ValueError,
+                                    "split_decay_cutoff: expected a finite number, got 1148130695274254524"),
+    "split_decay_cutoff str": (_base, lambda a: a.update(split_decay_cutoff="0.1"), TypeError,
+                               "split_decay_cutoff: expected a float or None, got str"),
+    "split_decay_cutoff 1": (_base, lambda a: a.update(split_decay_cutoff=1.0), ValueError,
+                             "options.split_decay_cutoff: expected a value in [0, 1) (0: exact), got 1.0"),
+    # NumPy arrays that DLPack cannot carry: the reason, not "expected a NumPy array"
+    "q big-endian": (_base, lambda a: a.update(q=a["q"].astype(">f2")), TypeError,
+                     "q: expected a NumPy array of native byte order, a supported dtype and strides in whole "
+                     "elements, got dtype >f2"),
+    "g big-endian": (_base, lambda a: a.update(g=a["g"].astype(">f4")), TypeError,
+                     "g: expected a NumPy array of native byte order"),
+    # head counts that do not fit a C int are refused, not truncated
+    "q 2^32+2 heads": (_base, lambda a: a.update(q=np.lib.stride_tricks.as_strided(
+        a["q"], (64, 2**32 + 2, 32), (a["q"].strides[0], 2, 2))), ValueError,
+        "q: expected at most 2^31-1 heads, got 4294967298"),
 }
 
 
@@ -581,6 +605,96 @@ def test_bad_input(rng, case):
     with pytest.raises(exc) as e:
         gdnkit.chunk_gated_delta_rule(**args)
     assert message in str(e.value), str(e.value)
+
+
+def test_numpy_scalars_as_options(rng):
+    # numpy integers and floats work where Python ints and floats do (e.g. max_seq_len=np.diff(cu).max()).
+    q, k, v, g, beta = _small(rng)
+    cu = np.array([0, 40, 64], np.int64)
+    ref, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, max_seq_len=np.diff(cu).max(),
+                                         segments=np.int32(1), split_decay_cutoff=np.float32(0.0),
+                                         scale=np.float64(32 ** -0.5))
+    np.testing.assert_array_equal(o, ref)
+    # a cutoff just under 1 is in range, though it rounds to 1 in float64 -> float32
+    gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, split_decay_cutoff=0.99999999999)
+
+
+# --------------------------------------------------------------------------------------------
+# FLA's keywords (applied with q's framework before the kernel; here NumPy)
+
+
+def test_fla_keywords_match_their_formulas(rng):
+    lengths = [70, 0, 45]
+    cu = cu_of(lengths)
+    H, dk, dv = 2, 32, 32
+    T = sum(lengths)
+    q = (3 * rng.standard_normal((T, H, dk))).astype(np.float16)  # not normalised
+    k = (0.5 * rng.standard_normal((T, H, dk))).astype(np.float16)
+    v = rng.standard_normal((T, H, dv)).astype(np.float16)
+    g_raw = rng.standard_normal((T, H)).astype(np.float32)
+    beta_raw = rng.standard_normal((T, H)).astype(np.float32)
+    A_log = rng.standard_normal(H).astype(np.float32)
+    dt_bias = rng.standard_normal(H).astype(np.float32)
+    h0 = rng.standard_normal((3, H, dv, dk)).astype(np.float32)
+    o, st = gdnkit.chunk_gated_delta_rule(
+        q, k, v, g_raw, beta_raw, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+        use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, state_v_first=True,
+        cu_seqlens_cpu=cu, chunk_indices=np.zeros(3, np.int32))
+    assert st.shape == (3, H, dv, dk)  # state_v_first: the vk layout
+
+    def fla_l2norm(x):  # in float32, stored in x's dtype
+        xf = x.astype(np.float32)
+        return (xf / np.sqrt((xf * xf).sum(-1, keepdims=True) + np.float32(1e-6))).astype(x.dtype)
+    qn, kn = fla_l2norm(q), fla_l2norm(k)
+    beta = 2 * sigmoid(beta_raw.astype(np.float64))
+    g = -np.exp(A_log.astype(np.float64)) * np.logaddexp(0.0, g_raw.astype(np.float64) + dt_bias)
+    ro, rs = reference(qn, kn, v, g, beta, None, h0, cu, state_layout="vk")
+    assert_o_close(o, ro, atol_frac=1e-3)
+    assert_state_close(st.transpose(0, 1, 3, 2), rs)
+    # The same inputs given already transformed: the same numbers up to float32 rounding of beta, g.
+    o2, _ = gdnkit.chunk_gated_delta_rule(qn, kn, v, g.astype(np.float32), beta.astype(np.float32),
+                                          initial_state=h0, cu_seqlens=cu, state_layout="vk")
+    np.testing.assert_allclose(o.astype(np.float64), o2.astype(np.float64), rtol=F16_RTOL, atol=1e-3)
+
+
+@pytest.mark.parametrize("kw, exc, message", [
+    (dict(head_first=True), ValueError, "head_first: expected False"),
+    (dict(cp_context=object()), ValueError, "cp_context: expected None"),
+    (dict(use_gate_in_kernel=True), ValueError, "A_log: expected a tensor [H] with use_gate_in_kernel=True"),
+])
+def test_fla_keywords_refused(rng, kw, exc, message):
+    q, k, v, g, beta = _small(rng)
+    with pytest.raises(exc) as e:
+        gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    assert message in str(e.value)
+
+
+def test_positional_signature_keeps_cu_seqlens_ninth(rng):
+    # (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens), as FLA's older
+    # releases and vLLM's copy order them; FLA's newer keywords are keyword-only here.
+    q, k, v, g, beta = _small(rng)
+    cu = np.array([0, 30, 64], np.int32)
+    o1, s1 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, None, None, True, cu)
+    o2, s2 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+    np.testing.assert_array_equal(o1, o2)
+    assert s1.shape == (2, 2, 32, 32)
+    np.testing.assert_array_equal(s1, s2)
+
+
+def test_reset_gates_forget_exactly(rng):
+    # A log gate of -inf (or -1e30) at token t is a full reset: from t on, the output is that of the
+    # sequence restarted at t from a zero state, up to rounding (common/gate.h's floor, e^-87).
+    q, k, v, g, beta = _small(rng, T=200)
+    t = 77
+    for reset in (-np.inf, -1e30, -np.finfo(np.float32).max):
+        g2 = g.copy()
+        g2[t] = reset
+        o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g2, beta, validate=True)
+        o_tail, _ = gdnkit.chunk_gated_delta_rule(q[t:], k[t:], v[t:], g2[t:], beta[t:])
+        assert np.all(np.isfinite(o.astype(np.float32)))
+        np.testing.assert_allclose(o[t:].astype(np.float64), o_tail.astype(np.float64), rtol=F16_RTOL, atol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------
@@ -599,6 +713,10 @@ def test_numpy_bfloat16(rng):
     assert_state_close(st, rs)
     with pytest.raises(TypeError, match="k: expected dtype bfloat16 like q, got float16"):
         gdnkit.chunk_gated_delta_rule(q, k.astype(np.float16), v, g, beta)
+    # Byte-swapped bf16 is refused (its uint16 view would be read swapped), like byte-swapped f16.
+    swapped = np.dtype(bf16).newbyteorder(">")
+    with pytest.raises(TypeError, match="q: expected a NumPy array of native byte order"):
+        gdnkit.chunk_gated_delta_rule(q.astype(swapped), k.astype(swapped), v.astype(swapped), g, beta)
 
 
 @pytest.fixture
