@@ -9,22 +9,35 @@ NANOBIND=3.1.0
 SCIKIT_BUILD_CORE=1.1.2
 PYTEST=9.2.0
 NUMPY=2.4.6
+ML_DTYPES=0.7.0  # bfloat16 NumPy arrays: the binding's bf16 tests run on the CPU too
 CUTLASS=4.2.0.0
 
 deps=.deps
 mkdir -p "$deps"
 
-# Debian packages: GoogleTest, ninja, cmake, a Python venv module.
+# Debian packages: GoogleTest, ninja, cmake, Python with its venv module and headers (the
+# extension's build). As root, or through sudo where that exists.
 need=()
 dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev googletest)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
-command -v python3 >/dev/null 2>&1 || need+=(python3 python3-venv python3-dev)
+if ! command -v python3 >/dev/null 2>&1; then
+  need+=(python3 python3-venv python3-dev)
+else
+  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+  python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+    >/dev/null 2>&1 || need+=(python3-dev)
+fi
 if ((${#need[@]})); then
   echo "setup: apt-get install ${need[*]}"
+  sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: not root and no sudo: install ${need[*]} first" >&2; exit 1; }
+    sudo=(sudo)
+  fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: nvcc (CUDA 13) not found; install the CUDA toolkit first" >&2
@@ -32,11 +45,12 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 # Python environment.
-stamp="$deps/venv/.pinned-$NANOBIND-$SCIKIT_BUILD_CORE-$PYTEST-$NUMPY"
+stamp="$deps/venv/.pinned-$NANOBIND-$SCIKIT_BUILD_CORE-$PYTEST-$NUMPY-$ML_DTYPES"
 if [ ! -f "$stamp" ]; then
   python3 -m venv "$deps/venv"
   "$deps/venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "nanobind==$NANOBIND" "scikit-build-core==$SCIKIT_BUILD_CORE" "pytest==$PYTEST" "numpy==$NUMPY"
+    "nanobind==$NANOBIND" "scikit-build-core==$SCIKIT_BUILD_CORE" "pytest==$PYTEST" "numpy==$NUMPY" \
+    "ml_dtypes==$ML_DTYPES"
   touch "$stamp"
 fi
 

@@ -46,9 +46,11 @@ struct Args {
   bool progress = false;  // progress lines on stderr (only when it is a terminal)
 };
 
+// With msg: the error and the usage on stderr, exit status 2; without (--help): the usage on
+// stdout, status 0.
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "gdnkit: %s\n\n", msg);
-  std::fprintf(stderr,
+  std::fprintf(msg ? stderr : stdout,
                "usage: gdnkit [options]\n"
                "  --lens L1,L2,...     sequence lengths (default 2900,2048,1536,900,512,190,65,33)\n"
                "  --heads HQ,HK,HV     head counts (default 16,16,32: Qwen3-Next)\n"
@@ -57,7 +59,7 @@ struct Args {
                "  --gate log|linear    gate space (default log)\n"
                "  --layout kv|vk       state layout (default kv)\n"
                "  --backend auto|cpu|cuda\n"
-               "  --kernel NAME        run exactly this CUDA kernel (as the plan names it)\n"
+               "  --kernel NAME        run exactly this kernel (as the plan names it; an error where it can't run)\n"
                "  --segments K         CUDA: split each sequence into K segments (1: never; default: planner)\n"
                "  --split-decay-cutoff C  CUDA: the split's decay shortcut, C in [0, 1) (default 0: exact)\n"
                "  --seed N             input seed (default 1)\n"
@@ -65,7 +67,7 @@ struct Args {
                "  --repeat N           timed runs, median reported (default 3 CPU, 50 GPU)\n"
                "  --threads N          CPU worker threads (default: all)\n"
                "  --json               print one JSON object instead of text\n");
-  std::exit(2);
+  std::exit(msg ? 2 : 0);
 }
 
 std::vector<std::int64_t> parse_list(const char* s) {
@@ -211,6 +213,7 @@ Timing run_cpu(Workload& w, const Args& a) {
   opt.backend = gdnkit::Backend::cpu;
   opt.cpu_threads = a.threads;
   opt.segments = a.segments;  // a split request is refused here, not dropped
+  if (!a.kernel.empty()) opt.kernel = a.kernel.c_str();  // as is a CUDA kernel's name
   opt.split_decay_cutoff = a.cutoff;
   const gdnkit::Plan plan = gdnkit::Plan::create(w.problem, opt);
   std::vector<unsigned char> ws(plan.workspace_bytes());
