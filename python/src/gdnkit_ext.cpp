@@ -774,6 +774,8 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
            "batch size B=1 for 4-D q with cu_seqlens (the packed sequences are q[0])", "B=" + str(lead.B));
     p.num_seqs = cu.dim(0) - 1;
   } else {
+    if (lead.n == 2 && lead.B < 1)
+      fail(Kind::invalid_value, "q", "a batch size B >= 1 in [B, T, H, K]", "B=" + str(lead.B) + " (shape " + shape_str(q) + ")");
     p.num_seqs = lead.n == 2 ? lead.B : 1;
   }
 

@@ -591,6 +591,9 @@ BAD = {
     "g big-endian": (_base, lambda a: a.update(g=a["g"].astype(">f4")), TypeError,
                      "g: expected a NumPy array of native byte order"),
     # head counts that do not fit a C int are refused, not truncated
+    "q batch of 0": (_base4, lambda a: a.update(q=a["q"][:0], k=a["k"][:0], v=a["v"][:0], g=a["g"][:0],
+                                                beta=a["beta"][:0]), ValueError,
+                     "q: expected a batch size B >= 1 in [B, T, H, K], got B=0 (shape (0, 32, 2, 32))"),
     "q 2^32+2 heads": (_base, lambda a: a.update(q=np.lib.stride_tricks.as_strided(
         a["q"], (64, 2**32 + 2, 32), (a["q"].strides[0], 2, 2))), ValueError,
         "q: expected at most 2^31-1 heads, got 4294967298"),
