@@ -754,6 +754,26 @@ def test_torch_cpu_round_trip(rng, torch, dtype):
     assert torch.equal(o2, o)
 
 
+def test_torch_fla_keywords_match_numpy(rng, torch):
+    # The torch branch of FLA's keywords (l2norm, beta sigmoid, gate) against the NumPy branch.
+    T, H, dk, dv = 90, 2, 32, 32
+    q = (2 * rng.standard_normal((T, H, dk))).astype(np.float16)
+    k = rng.standard_normal((T, H, dk)).astype(np.float16)
+    v = rng.standard_normal((T, H, dv)).astype(np.float16)
+    g = rng.standard_normal((T, H)).astype(np.float32)
+    beta = rng.standard_normal((T, H)).astype(np.float32)
+    A_log = rng.standard_normal(H).astype(np.float32)
+    dt_bias = rng.standard_normal(H).astype(np.float32)
+    kw = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+              use_gate_in_kernel=True, output_final_state=True)
+    o_np, s_np = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, **kw)
+    t = torch.from_numpy
+    o_t, s_t = gdnkit.chunk_gated_delta_rule(t(q), t(k), t(v), t(g), t(beta), A_log=t(A_log),
+                                             dt_bias=t(dt_bias), **kw)
+    np.testing.assert_allclose(o_t.double().numpy(), o_np.astype(np.float64), rtol=F16_RTOL, atol=1e-3)
+    np.testing.assert_allclose(s_t.numpy(), s_np, rtol=1e-4, atol=1e-5)
+
+
 def test_torch_bad_input(rng, torch):
     q = torch.zeros(8, 2, 16, dtype=torch.float16)
     with pytest.raises(TypeError, match="q: expected dtype float16 or bfloat16, got float32"):

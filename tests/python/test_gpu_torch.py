@@ -107,6 +107,32 @@ def test_batched_and_linear_gates_and_vk():
     assert rel_l2(s2.transpose(-1, -2), s1.double()) < 1e-2
 
 
+def test_fla_keywords_and_reset_gates():
+    """FLA's keywords on CUDA tensors (q and k normalised by the call, beta through a sigmoid, the
+    gate from A_log and dt_bias) against the fp64 recurrence on the transformed inputs, with a
+    -inf log gate (a full reset) in each sequence."""
+    q, k, v, g, beta, h0, cu = make_inputs([700, 300], 2, 2, 4, 128, 128, seed=11)
+    q, k = 3 * q, 0.5 * k  # not normalised
+    A_log = torch.linspace(-2.0, 0.5, 4, device=DEV)
+    dt_bias = torch.linspace(-1.0, 1.0, 4, device=DEV)
+    o, ht = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                          cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                          use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True,
+                                          A_log=A_log, dt_bias=dt_bias)
+    norm = lambda x: (x.float() * torch.rsqrt(x.float().square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)  # noqa: E731
+    gl = -A_log.exp() * torch.nn.functional.softplus(g + dt_bias)
+    ro, rs = reference_fp64(norm(q), norm(k), v, gl, torch.sigmoid(beta), 128 ** -0.5, h0, cu.tolist())
+    assert rel_l2(o, ro) < 2e-2 and rel_l2(ht, rs) < 2e-2
+    g2 = g.clone()
+    g2[200] = -math.inf
+    g2[900] = -1e30
+    o, ht = gdnkit.chunk_gated_delta_rule(q, k, v, g2, beta, initial_state=h0, output_final_state=True,
+                                          cu_seqlens=cu, validate=True)
+    ro, rs = reference_fp64(q, k, v, g2, beta, 128 ** -0.5, h0, cu.tolist())
+    print(f"\nACC gdnkit {'reset-gates':16s} o {rel_l2(o, ro):.3e} state {rel_l2(ht, rs):.3e}")
+    assert rel_l2(o, ro) < 2e-2 and rel_l2(ht, rs) < 2e-2
+
+
 def test_required_kernel():
     """kernel= runs exactly the named CUDA kernel, or raises; the answer matches the planner's."""
     q, k, v, g, beta, h0, cu = make_inputs([300, 65], 2, 2, 4, 128, 128, seed=5)
