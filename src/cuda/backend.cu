@@ -205,6 +205,11 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
            "head_dim_v " + str(s.dv));
     fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
   }
+  if (split->fused && !fused_sizes_ok(s.T, s.N))
+    fail(K::unsupported, "options.kernel",
+         want + " for at most " + str(kFusedMaxTokens) + " tokens and " + str(kFusedMaxSeqs) +
+             " sequences (32-bit positions; the split path takes larger problems)",
+         "T=" + str(s.T) + ", N=" + str(s.N));
   if (!walk_runs_on(*split, c) || !fits(*split, smem_optin))
     fail(K::unsupported, "options.kernel",
          "a kernel this device runs (" + want + " needs " +
@@ -231,7 +236,7 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
 // split_warps: the walk warps per CTA of the split path the planner would run instead (0: none).
 const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin,
                                 int split_warps) {
-  if (!kFusedByDefault || s.dv != 128) return nullptr;
+  if (!kFusedByDefault || s.dv != 128 || !fused_sizes_ok(s.T, s.N)) return nullptr;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
   if (tokens_per_seq < 2 * kChunk) return nullptr;
   int dvb = 0;

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -18,6 +19,14 @@ constexpr int kPrepThreads = 128;  // threads per prep CTA (4 warps); a walk CTA
 // Batches of up to this many sequences are walked longest first (ChunkedParams::longest_first);
 // the walk ranks them in shared memory (kWalkOrderBytes after the policy's stages).
 constexpr int kLongestFirstMaxSeqs = 64;
+// The fused kernel keeps token positions and list indices in 32 bits (TMA coordinates are): a
+// chunk's end (position + kChunk) and the next list index (index + gridDim.z <= 65535) must not
+// wrap. Larger problems run on the split path.
+constexpr std::int64_t kFusedMaxTokens = std::int64_t{INT32_MAX} - kChunk;
+constexpr std::int64_t kFusedMaxSeqs = std::int64_t{INT32_MAX} - 65535;
+inline bool fused_sizes_ok(std::int64_t tokens, std::int64_t seqs_or_walks) {
+  return tokens <= kFusedMaxTokens && seqs_or_walks <= kFusedMaxSeqs;
+}
 constexpr std::size_t kWalkOrderBytes = 2 * 4 * kLongestFirstMaxSeqs;
 
 // One walk of the fused kernel's optional walk list (ChunkedParams::walks): tokens [begin, end) of

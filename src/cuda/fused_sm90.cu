@@ -76,7 +76,7 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   if (kWalks != (params.walks != nullptr || params.cp_seg > 0)) return cudaErrorInvalidValue;
   if (kWalks && params.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry
   // Token positions and sequence indices are 32-bit in the kernel (TMA coordinates are).
-  if (params.tokens > INT32_MAX || params.num_seqs > INT32_MAX || params.num_walks > INT32_MAX) return cudaErrorInvalidValue;
+  if (!fused_sizes_ok(params.tokens, std::max(params.num_seqs, params.num_walks))) return cudaErrorInvalidValue;
   if (params.walks != nullptr && params.longest_first) return cudaErrorInvalidValue;  // the order ranks sequences
   if (params.lpt && (!params.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
   FusedParams fp;
@@ -156,7 +156,7 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   // Only the walk-list variants wait (their list in memory or computed, ChunkedParams::cp_seg).
   if (after && p.walks == nullptr && p.cp_seg == 0) return cudaErrorInvalidValue;
   if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90.cuh)
-  if (p.tokens > INT32_MAX || p.num_seqs > INT32_MAX || p.num_walks > INT32_MAX) return cudaErrorInvalidValue;
+  if (!fused_sizes_ok(p.tokens, std::max(p.num_seqs, p.num_walks))) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
   if (p.lpt && (!p.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
   FusedParams fp;

@@ -871,6 +871,38 @@ TEST_F(Cuda, WrongDevice) {
 
 // The planner's choice, its shared memory and occupancy (printed for the record). Every walk CTA
 // size must fit at least one CTA per SM, and the planner's pick must be a listed instantiation.
+// The fused kernel's positions and list indices are 32-bit: past kFusedMaxTokens tokens (or
+// kFusedMaxSeqs sequences) the planner takes the split path, and a caller requiring the fused kernel
+// gets an error at planning, not a wrapped index in the kernel. (Metadata only: nothing is run.)
+TEST_F(Cuda, FusedSizeLimits) {
+  if (cuda::find_fused_kernel(DType::bf16, 128, 128) == nullptr) GTEST_SKIP() << "a build without the fused kernel";
+  Problem p = cuda_problem();
+  p.num_q_heads = p.num_k_heads = p.num_v_heads = 64;
+  p.head_dim_k = p.head_dim_v = 128;
+  p.has_cu_seqlens = true;
+  p.cu_seqlens_dtype = DType::i64;
+  for (std::int64_t T : {cuda::kFusedMaxTokens + 1, std::int64_t{1} << 31}) {
+    p.total_tokens = T;
+    p.num_seqs = 2;
+    gdnkit::Options whole;
+    whole.segments = 1;
+    const Plan plan = Plan::create(p, whole);
+    EXPECT_EQ(std::string(plan.kernel_name()).rfind("cuda-split-", 0), 0u) << plan.kernel_name() << " at T=" << T;
+    gdnkit::Options fused = whole;
+    fused.kernel = cuda::find_fused_kernel(DType::bf16, 128, 128)->name;
+    expect_error([&] { Plan::create(p, fused); }, Error::Kind::unsupported, "options.kernel", "32-bit positions");
+  }
+  p.total_tokens = cuda::kFusedMaxTokens;  // the largest the fused kernel takes
+  gdnkit::Options fused;
+  fused.segments = 1;
+  fused.kernel = cuda::find_fused_kernel(DType::bf16, 128, 128)->name;
+  int major = 0, minor = 0, dev = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major == 9 && minor == 0) EXPECT_NO_THROW(Plan::create(p, fused));
+}
+
 TEST_F(Cuda, PlanReportsKernel) {
   int dev = 0, major = 0, minor = 0;
   GDN_CUDA(cudaGetDevice(&dev));
