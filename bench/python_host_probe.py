@@ -5,8 +5,9 @@
 
 Times the call itself (the GPU work is queued, then waited for outside the timed span) for the
 split row qwen35tp8-2x8-b1-t8192 as the planner runs it, unsplit (segments=1) and with the
-max_seq_len hint, for fixed-b1-t512, and for one torch launch (x.add_(1)) as the machine's yardstick;
-prints the medians."""
+max_seq_len hint, for fixed-b1-t512, the binding's _forward alone, the torch pieces of a call
+(allocations, the stream query, reading five tensors' attributes), and one torch launch (x.add_(1))
+as the machine's yardstick; prints the medians."""
 import argparse
 import os
 import statistics
@@ -33,10 +34,27 @@ def main():
     def call(x, **kw):
         return lambda: gdnkit.chunk_gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
                                                      cu_seqlens=x["cu_seqlens"], **kw)
+    from gdnkit import _gdnkit
+    q = split["q"]
+    raw_stream = torch._C._cuda_getCurrentRawStream
+
+    def forward(x, segments=None):  # the binding alone, without the Python wrapper
+        return lambda: _gdnkit._forward(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, False,
+                                        x["cu_seqlens"], "log", "kv", False, raw_stream(0), None, segments,
+                                        None, None)
     variants = {"tp8-t8192, planner (split)": call(split),
                 "tp8-t8192, segments=1": call(split, segments=1),
                 "tp8-t8192, max_seq_len": call(split, max_seq_len=8192),
                 "fixed-b1-t512": call(small),
+                "tp8-t8192 _forward (split)": forward(split),
+                "tp8-t8192 _forward unsplit": forward(split, 1),
+                "fixed-b1-t512 _forward": forward(small),
+                # the pieces of a call that are torch's
+                "o: q.new_empty (16 MB)": lambda: q.new_empty((8192, 8, 128)),
+                "workspace: new_empty (26 MB)": lambda: q.new_empty((26 << 20,), dtype=torch.uint8),
+                "current stream query": lambda: raw_stream(0),
+                "5 tensors' attributes": lambda: [(t.dtype, t.shape, t.stride(), t.is_cuda, t.data_ptr(), t.get_device())
+                                                  for t in (split["q"], split["k"], split["v"], split["g"], split["beta"])],
                 "torch x.add_(1)": lambda: y.add_(1)}
     times = {k: [] for k in variants}
     for fn in variants.values():
