@@ -44,12 +44,14 @@ def _current_stream(q):
 
 
 def _namespace(x):
-    """The array namespace of x (torch, or the array-API namespace of NumPy, CuPy, ...)."""
+    """The array namespace of x: torch, NumPy (any version), or an array-API namespace (CuPy, ...)."""
     if getattr(x, "is_cuda", None) is not None:
         return _sys.modules["torch"]
+    if isinstance(x, _ndarray):
+        return _np
     if hasattr(x, "__array_namespace__"):
         return x.__array_namespace__()
-    raise TypeError(f"expected a torch tensor or an array-API array (NumPy, CuPy), got {type(x).__name__}")
+    raise TypeError(f"expected a torch tensor, a NumPy array or an array-API array, got {type(x).__name__}")
 
 
 def _l2norm(x, name):
@@ -60,8 +62,8 @@ def _l2norm(x, name):
         return (xf * xf.square().sum(-1, keepdim=True).add_(1e-6).rsqrt_()).to(x.dtype)
     if x.ndim < 1:
         raise ValueError(f"{name}: expected a tensor with a last dim to normalise, got a 0-d array")
-    xf = xp.astype(x, xp.float32)
-    return xp.astype(xf / xp.sqrt(xp.sum(xf * xf, axis=-1, keepdims=True) + 1e-6), x.dtype)
+    xf = x.astype(xp.float32)
+    return (xf / xp.sqrt(xp.sum(xf * xf, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
 def _sigmoid(x, times):
@@ -69,7 +71,7 @@ def _sigmoid(x, times):
     xp = _namespace(x)
     if xp is _sys.modules.get("torch"):
         return x.float().sigmoid() * times
-    xf = xp.astype(x, xp.float32)
+    xf = x.astype(xp.float32)
     return times / (1 + xp.exp(-xf))
 
 
@@ -79,10 +81,10 @@ def _gdn_gate(g, A_log, dt_bias):
     if xp is _sys.modules.get("torch"):
         x = g.float() if dt_bias is None else g.float() + dt_bias.float()
         return -A_log.float().exp() * _sys.modules["torch"].nn.functional.softplus(x)
-    x = xp.astype(g, xp.float32)
+    x = g.astype(xp.float32)
     if dt_bias is not None:
-        x = x + xp.astype(dt_bias, xp.float32)
-    return -xp.exp(xp.astype(A_log, xp.float32)) * xp.logaddexp(x, xp.zeros_like(x))
+        x = x + dt_bias.astype(xp.float32)
+    return -xp.exp(A_log.astype(xp.float32)) * xp.logaddexp(x, xp.zeros_like(x))
 
 
 def chunk_gated_delta_rule(
@@ -149,10 +151,12 @@ def chunk_gated_delta_rule(
             other than H100/H200, a mean length under two chunks).
         use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
         cu_seqlens_cpu, chunk_indices, use_gate_in_kernel, A_log, dt_bias: FLA's keywords (keyword
-            only here), same meaning. The first two and the gate are applied with q's framework before the kernel
-            (FLA's formulas in float32: q / sqrt(sum(q^2) + 1e-6) in q's dtype; beta = sigmoid(beta),
-            times 2 with allow_neg_eigval; g = -exp(A_log) * softplus(g + dt_bias)), not fused into
-            it yet: each costs a pass over its tensors. ``state_v_first=True`` is
+            only here), same meaning and the same refusals (allow_neg_eigval without
+            use_beta_sigmoid_in_kernel; also the sigmoid without beta, the gate with
+            ``gate="linear"``). The first two and the gate are applied with q's framework before
+            the kernel (FLA's formulas in float32: q / sqrt(sum(q^2) + 1e-6) in q's dtype;
+            beta = sigmoid(beta), times 2 with allow_neg_eigval; g = -exp(A_log) *
+            softplus(g + dt_bias)), not fused into it yet: each costs a pass over its tensors. ``state_v_first=True`` is
             ``state_layout="vk"``. ``cu_seqlens_cpu`` (a host copy of cu_seqlens) gives the planner
             the longest length (``max_seq_len``). ``chunk_indices`` is accepted and not needed.
             ``head_first=True`` and ``cp_context`` are refused (ValueError).
@@ -189,13 +193,21 @@ def chunk_gated_delta_rule(
     if cp_context is not None:
         raise ValueError("cp_context: expected None (gdnkit splits sequences within one GPU by itself: "
                          "segments), got a context")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:  # as FLA
+        raise ValueError("allow_neg_eigval: expected use_beta_sigmoid_in_kernel=True with it (it scales the "
+                         "sigmoid to (0, 2)), got use_beta_sigmoid_in_kernel=False")
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q, "q"), _l2norm(k, "k")
-    if use_beta_sigmoid_in_kernel and beta is not None:
+    if use_beta_sigmoid_in_kernel:
+        if beta is None:
+            raise ValueError("beta: expected a tensor with use_beta_sigmoid_in_kernel=True, got None")
         beta = _sigmoid(beta, 2.0 if allow_neg_eigval else 1.0)
     if use_gate_in_kernel:
         if g is None or A_log is None:
             raise ValueError("A_log: expected a tensor [H] with use_gate_in_kernel=True (and g), got None")
+        if gate != "log":
+            raise ValueError(f"gate: expected 'log' with use_gate_in_kernel=True (it forms log-space gates), "
+                             f"got {gate!r}")
         g = _gdn_gate(g, A_log, dt_bias)
     if state_v_first and state_layout == "kv":
         state_layout = "vk"

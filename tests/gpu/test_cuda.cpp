@@ -869,8 +869,6 @@ TEST_F(Cuda, WrongDevice) {
   GDN_CUDA(cudaSetDevice(dev));
 }
 
-// The planner's choice, its shared memory and occupancy (printed for the record). Every walk CTA
-// size must fit at least one CTA per SM, and the planner's pick must be a listed instantiation.
 // The fused kernel's positions and list indices are 32-bit: past kFusedMaxTokens tokens (or
 // kFusedMaxSeqs sequences) the planner takes the split path, and a caller requiring the fused kernel
 // gets an error at planning, not a wrapped index in the kernel. (Metadata only: nothing is run.)
@@ -903,6 +901,8 @@ TEST_F(Cuda, FusedSizeLimits) {
   if (major == 9 && minor == 0) EXPECT_NO_THROW(Plan::create(p, fused));
 }
 
+// The planner's choice, its shared memory and occupancy (printed for the record). Every walk CTA
+// size must fit at least one CTA per SM, and the planner's pick must be a listed instantiation.
 TEST_F(Cuda, PlanReportsKernel) {
   int dev = 0, major = 0, minor = 0;
   GDN_CUDA(cudaGetDevice(&dev));

@@ -666,9 +666,16 @@ def test_fla_keywords_match_their_formulas(rng):
     (dict(head_first=True), ValueError, "head_first: expected False"),
     (dict(cp_context=object()), ValueError, "cp_context: expected None"),
     (dict(use_gate_in_kernel=True), ValueError, "A_log: expected a tensor [H] with use_gate_in_kernel=True"),
+    (dict(use_gate_in_kernel=True, A_log=np.zeros(2, np.float32), gate="linear"), ValueError,
+     "gate: expected 'log' with use_gate_in_kernel=True"),
+    (dict(allow_neg_eigval=True), ValueError, "allow_neg_eigval: expected use_beta_sigmoid_in_kernel=True"),
+    (dict(use_beta_sigmoid_in_kernel=True, beta=None), ValueError,
+     "beta: expected a tensor with use_beta_sigmoid_in_kernel=True, got None"),
 ])
 def test_fla_keywords_refused(rng, kw, exc, message):
     q, k, v, g, beta = _small(rng)
+    kw = dict(kw)
+    beta = kw.pop("beta", beta)
     with pytest.raises(exc) as e:
         gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     assert message in str(e.value)
