@@ -327,6 +327,7 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   c.cp_seg_tokens = best.seg_tokens;
   c.cp_stage1 = k1;
   c.cp_cutoff = cutoff;
+  c.cp_pairs = best.pairs;
   c.workspace = bytes;
   c.name = std::string(k1->name);
   c.name = c.name.substr(0, c.name.size() - std::string("-walks").size()) + "-cp" + str(best.nseg);
@@ -449,7 +450,8 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
                 std::string("launch: ") + (c.cp_segments >= 2 ? c.name.c_str() : c.kernel) +
                     " failed: the driver refused the TMA descriptors of q, k or v");
   if (c.cp_segments >= 2) {
-    const CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
+    CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
+    layout.pairs = c.cp_pairs;
     const cudaError_t err =
         launch_cp(p, layout, *c.cp_stage1, maps, c.cp_cutoff, static_cast<unsigned char*>(workspace),
                   reinterpret_cast<cudaStream_t>(stream));

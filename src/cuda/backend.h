@@ -34,6 +34,7 @@ struct Config {
   int cp_seg_tokens = 0;
   const SplitKernel* cp_stage1 = nullptr;
   float cp_cutoff = 0.0f;                  // Options::split_decay_cutoff (0: exact)
+  bool cp_pairs = false;                   // stage 1 in value and map pairs (CpLayout::pairs)
   std::string name;                        // kernel's storage when it is composed (the split)
   // The fused kernels' TMA descriptors (K, Q, V; chunked.h FusedMaps), encoded here for the
   // problem's shapes and strides: run() only replaces their addresses (encoding costs about a

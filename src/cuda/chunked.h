@@ -115,6 +115,11 @@ struct ChunkedParams {
   float* walk_out = nullptr;
   float* map_out = nullptr;
   int value_blocks = 0;
+  // Stage 1 at 128 columns (value_blocks 1, one map CTA): each segment's value and map CTA run as
+  // a cluster of two that share their records, the map CTA of a sequence's first segment walking it
+  // along without storing anything (fused_cluster_x, value_map_pair in fused_sm90.cuh). Exact
+  // splits only (map_end null).
+  bool cp_pairs = false;
   // The map CTAs' output rows, [T, H, dk] of the input type (null: they store none): row t of head
   // h is the linear map from the walk's start state to o_t (o_t += map_o[t, h, :] . E).
   void* map_o = nullptr;

@@ -14,6 +14,7 @@ struct CpLayout {
   int seg = 0;                   // tokens per segment, a multiple of 64
   std::int64_t cap1 = 0, cap3 = 0;  // list lengths: N + T / seg (sum of max(nseg_n, 1)), T / seg (of nseg_n - 1)
   std::int64_t slots = 0;        // E and M slots: the sum of nseg_n over split sequences
+  bool pairs = false;            // stage 1 at 128 columns in value and map pairs (ChunkedParams::cp_pairs)
   static CpLayout of(std::int64_t tokens, std::int64_t seqs, int seg) {
     // nseg_n <= floor(len_n / seg) + 1, and a split sequence has floor(len_n / seg) >= 1.
     CpLayout c;

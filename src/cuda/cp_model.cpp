@@ -6,14 +6,17 @@
 // chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves. Unsplit at
 // dv = 128, the 64-column CTAs run in pairs that share their records: 3.63 us per chunk and two
 // chunks' time to fill ("CTA pairs sharing records"; the split's stage 1 keeps 4.8 until measured
-// with pairs). A scan step (one
+// with pairs). An exact split's stage 1 at 128 columns with each segment's value and map CTA in a
+// pair sharing the records (the first segments' map CTAs walking along): about 4.0 us per chunk
+// ("Value and map CTAs in pairs"); without pairs, where those map CTAs would add a wave, 4.9. A scan step (one
 // segment) about 4.5 us; the correction moves map_o and o (read and written) of the rows after
 // each sequence's first segment at about 2.2 TB/s; the launches and the split's other fixed costs
 // about 30 us. The unsplit split path: its walk 2.9 / 2.9 / 3.4 / 4.4 us per chunk with 1 / 2 / 4
 // / 8 warps per CTA, its prep 0.0093 us per chunk and walk (the records of every walk, spread over
 // the SMs), and 20 us. Fitted on single sequences of 8 to 64 heads, 2K to 128K tokens: the
-// unsplit estimates within 5% of the measured times, the splits' within 6% at 16 to 48 heads and
-// 10-18% high for the 8-head splits into 8 segments (far under their unsplit time either way);
+// unsplit estimates within 5% of the measured times, the splits' within 6% at 24 to 48 heads,
+// 8-10% high at 16 heads or 2048 tokens and 8-20% high for the 8-head splits into 8 segments (far
+// under their unsplit time either way);
 // tests/cpu/test_cp_model.cpp holds the measurements.
 #include "cuda/cp_model.h"
 
@@ -25,6 +28,8 @@ namespace {
 
 constexpr std::int64_t kChunkTokens = 64;
 constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kStepFused64Pairs = 3.63, kScanStep = 4.5, kCpFixed = 30.0;
+// Stage 1 of an exact split at 128 columns: a segment's value and map CTA share their records.
+constexpr double kStepFused128Pairs = 4.0;
 constexpr double kFixBytesPerUs = 2.2e6;
 constexpr double kPrepPerWalkChunk = 0.0093, kSplitPathFixed = 20.0;
 
@@ -56,17 +61,20 @@ bool fused64_pays(const detail::Shape& s, int sms, int split_warps) {
 // sequence by its own length). With the decay shortcut (cut) the map walks and the corrections
 // are taken to stop after kCutChunks chunks (the gates are on the device: this is the model of
 // decaying gates the option is meant for).
-double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut) {
+double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut, bool pairs) {
   constexpr std::int64_t kCutChunks = 2;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = chunks_of(len);
   const std::int64_t nseg = std::max<std::int64_t>(1, (chunks + seg_chunks - 1) / seg_chunks);
   const std::int64_t walk_chunks = std::min(seg_chunks, chunks);
   const double row_bytes = static_cast<double>(s.H) * (2.0 * s.dk + 4.0 * s.dv);  // map_o, o read and written
-  const std::int64_t cv = s.H * n * nseg * (s.dv / dvb), cm = s.H * n * (nseg - 1) * (s.dk / dvb);
+  // In pairs the map CTA of a sequence's first segment walks too (beside its value CTA, whose
+  // records it shares).
+  pairs = pairs && dvb == 128 && !cut;
+  const std::int64_t cv = s.H * n * nseg * (s.dv / dvb), cm = s.H * n * (pairs ? nseg : nseg - 1) * (s.dk / dvb);
   // With the shortcut the rows are short and the fixed costs (the stop points, the scan over all
   // heads, launch gaps) weigh more: measured on the H200 (perf-notes), about 10% more per chunk
   // and 80 us more per call than the model of the exact split.
-  const double step = fused_step(dvb) * (cut ? 1.1 : 1.0);
+  const double step = pairs ? kStepFused128Pairs : fused_step(dvb) * (cut ? 1.1 : 1.0);
   const double stage1 =
       cut ? step * static_cast<double>((walk_chunks + 1) * waves(cv, sms) + (kCutChunks + 1) * waves(cm, sms))
           : step * static_cast<double>((walk_chunks + 1) * waves(cv + cm, sms));
@@ -84,12 +92,13 @@ CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut
   for (std::int64_t want = lo; want <= std::min<std::int64_t>(hi, chunks); ++want) {
     const std::int64_t seg_chunks = (chunks + want - 1) / want, nseg = (chunks + seg_chunks - 1) / seg_chunks;
     if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give
-    for (int dvb : {128, 64}) {
-      if (s.dk % dvb != 0 || s.dv % dvb != 0) continue;
-      const double cost = cp_split_cost(s, sms, seg_chunks, dvb, cut);
-      if (best.nseg == 0 || cost < best.cost)
-        best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunkTokens), dvb, cost};
-    }
+    for (int dvb : {128, 64})
+      for (bool pairs : {true, false}) {
+        if (s.dk % dvb != 0 || s.dv % dvb != 0 || (pairs && (dvb != 128 || cut))) continue;
+        const double cost = cp_split_cost(s, sms, seg_chunks, dvb, cut, pairs);
+        if (best.nseg == 0 || cost < best.cost)
+          best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunkTokens), dvb, cost, pairs};
+      }
   }
   return best;
 }
@@ -124,7 +133,7 @@ CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int f
     // add its launches to the unsplit walk (e.g. 8 x 4096 tokens on 32 heads).
     if (worst.nseg >= 2 && chunks > worst.seg_tokens / kChunkTokens &&
         worst.cost < 0.85 * cp_unsplit_cost(unsplit, one, sms) &&
-        cp_split_cost(eq, sms, worst.seg_tokens / kChunkTokens, worst.dvb, cut) <=
+        cp_split_cost(eq, sms, worst.seg_tokens / kChunkTokens, worst.dvb, cut, worst.pairs) <=
             1.05 * cp_unsplit_cost(unsplit, eq, sms))
       return worst;
   }

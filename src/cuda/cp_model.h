@@ -17,9 +17,11 @@ struct UnsplitKernel {
 
 // A split: nseg segments of seg_tokens tokens per sequence of the modelled length, stage 1 on
 // dvb-column CTAs, cost the model's device time in microseconds. nseg = 0: none.
+// pairs: stage 1 at 128 columns in value and map CTA pairs sharing their records (exact only).
 struct CpChoice {
   int nseg = 0, seg_tokens = 0, dvb = 0;
   double cost = 0.0;
+  bool pairs = false;
 };
 
 // The planner splits where the model puts the split under this fraction of the unsplit kernel.
@@ -35,8 +37,8 @@ constexpr double kFused64Pays = 0.95;
 bool fused64_pays(const detail::Shape& s, int sms, int split_warps);
 
 // Estimated device time (us) of a split into segments of seg_chunks chunks, stage 1 on dvb-column
-// CTAs (cut: the decay shortcut).
-double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut);
+// CTAs (cut: the decay shortcut; pairs: CpChoice::pairs, dvb 128 and exact).
+double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut, bool pairs = false);
 
 // The cheapest split into nseg segments, nseg in [lo, hi]; nseg = 0 when none is possible.
 CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut);

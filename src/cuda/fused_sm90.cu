@@ -58,12 +58,16 @@ bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t
 
 namespace {
 
-// Clusters along x for a launch of the 64-column variants (warps == 4): pairs of CTAs x, x ^ 1 that
-// walk the same chunks of one head share their records (fused_paired in fused_sm90.cuh). That holds
-// for the value blocks of a call and, in a split's stage 1 (map_out set), for pairs that do not
-// straddle the value and map blocks. 1: no clusters.
+// Clusters along x: pairs of CTAs x, x ^ 1 that walk the same chunks of one head share their
+// records (fused_paired in fused_sm90.cuh). At 64 columns (warps == 4) that holds for the value
+// blocks of a call and, in a split's stage 1 (map_out set), for pairs that do not straddle the
+// value and map blocks. At 128 (warps == 8) only in a split's stage 1 of one value and one map
+// CTA per segment where the planner asks for it (ChunkedParams::cp_pairs; exact splits: the decay
+// shortcut stops the map walks early). 1: no clusters.
 unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
-  if (warps != 4 || grid.x % 2 != 0) return 1u;
+  if (grid.x % 2 != 0) return 1u;
+  if (warps == 8) return p.cp_pairs && p.map_out != nullptr && p.map_end == nullptr && p.value_blocks == 1 && grid.x == 2 ? 2u : 1u;
+  if (warps != 4) return 1u;
   if (p.map_out != nullptr && p.value_blocks % 2 != 0) return 1u;
   return 2u;
 }
@@ -110,12 +114,11 @@ const SplitKernel kKernels[] = {
 };
 
 // The walk-list variants (ChunkedParams::walks), for splitting sequences: not in the planner's list
-// (a call by kernel name never reaches them); fused_walks_kernel finds them.
+// (a call by kernel name never reaches them); find_fused_kernel finds them. A split's map CTAs walk
+// dk / DVB blocks of columns, so there is no 128-column variant for dk = 64.
 const SplitKernel kWalkKernels[] = {
     fused_entry<__nv_bfloat16, 128, 128, true>("cuda-fused-sm90-bf16-k128-walks", DType::bf16),
-    fused_entry<__nv_bfloat16, 64, 128, true>("cuda-fused-sm90-bf16-k64-walks", DType::bf16),
     fused_entry<__half, 128, 128, true>("cuda-fused-sm90-f16-k128-walks", DType::f16),
-    fused_entry<__half, 64, 128, true>("cuda-fused-sm90-f16-k64-walks", DType::f16),
     fused_entry<__nv_bfloat16, 128, 64, true>("cuda-fused-sm90-bf16-k128-v64-walks", DType::bf16),
     fused_entry<__nv_bfloat16, 64, 64, true>("cuda-fused-sm90-bf16-k64-v64-walks", DType::bf16),
     fused_entry<__half, 128, 64, true>("cuda-fused-sm90-f16-k128-v64-walks", DType::f16),

@@ -24,12 +24,13 @@
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two,
-// the record (and its gates) in R = F::kRecStages: two at 128 columns, three at 64; mbarriers track
+// the record (and its gates) in R = F::kRecStages = 3, P in one buffer; mbarriers track
 // the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
 // in place; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
 // the aux waits before it reuses chunk c's stages for chunk c + R), P (the state warpgroups' P and
 // tail V rows are in place, before the walk reads them). The aux's own barrier orders its phases.
-// At 64 columns the two CTAs of a walk run as a cluster and share the records (fused_paired).
+// The two 64-column CTAs of a walk, and the value and map CTA of a split's segment at 128 columns,
+// run as a cluster and share the records (fused_paired).
 //
 // Tail chunks: a TMA box always holds 64 rows, so past a sequence's end it copies the next
 // sequence's rows (or zeros past the tensor). With finite values they would cancel exactly (zero
@@ -76,22 +77,29 @@ struct FusedSm90 {
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
                 "setmaxnreg budget of a 384-thread CTA");
-  // Record stages: the aux runs up to kRecStages - 1 records ahead of the walk. Three at 64 columns,
-  // where they fit: CTA pairs sharing records (fused_paired) need the third, two at 128 columns.
-  static constexpr int kRecStages = DVB == 64 ? 3 : 2;
+  // Record stages: the aux runs up to kRecStages - 1 records ahead of the walk. CTA pairs sharing
+  // records (fused_paired) need the third.
+#ifndef GDNKIT_FUSED_REC_STAGES
+#define GDNKIT_FUSED_REC_STAGES 3
+#endif
+  static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
+  static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
   // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
   static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = kBarFull + kRecStages, kBarP = kBarEmpty + kRecStages;
   static_assert(kBarP < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
-  static constexpr std::size_t rec_gam = 3 * m_bytes;         // Mt hi, Mt lo, P, then gam, dec
+  static constexpr std::size_t rec_gam = 2 * m_bytes;         // Mt hi, Mt lo, then gam, dec
   static constexpr std::size_t rec_bytes =
       (rec_gam + 2 * kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   static constexpr std::size_t v_bytes = std::size_t(DVB / 64) * kChunk * 128;
   static constexpr std::size_t off_kq = 0;                               // 3 stages
   static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // kRecStages stages
-  static constexpr std::size_t off_v = off_rec + kRecStages * rec_bytes;  // 2 stages
+  // P of the chunk being walked: one buffer, formed by the state warpgroups after FULL of its chunk,
+  // which every state thread reaches only once its previous step (and that step's reads of P) is done.
+  static constexpr std::size_t off_p = off_rec + kRecStages * rec_bytes;
+  static constexpr std::size_t off_v = off_p + m_bytes;                  // 2 stages
   static constexpr std::size_t off_at = off_v + 2 * v_bytes;             // A, then Tu's diagonal blocks
   static constexpr std::size_t off_tl = off_at + align128(std::size_t(kChunk) * LDA * 4);  // Tu rows 16..63
   static constexpr std::size_t off_r = off_tl + align128(std::size_t(kChunk - 16) * LDA * 4);
@@ -113,6 +121,7 @@ struct FusedSm90 {
 
   __device__ static unsigned char* kq(unsigned char* smem, int s) { return smem + off_kq + s * kq_bytes; }
   __device__ static unsigned char* rec(unsigned char* smem, int s) { return smem + off_rec + s * rec_bytes; }
+  __device__ static unsigned char* p_tile(unsigned char* smem) { return smem + off_p; }
   __device__ static T* v(unsigned char* smem, int s) { return reinterpret_cast<T*>(smem + off_v + s * v_bytes); }
   __device__ static int* ahead(unsigned char* smem, int s) { return reinterpret_cast<int*>(smem + off_ahead) + 2 * s; }
   __device__ static std::uint64_t* kq_bar(unsigned char* smem, int s) {
@@ -403,10 +412,18 @@ __device__ __forceinline__ void lpt_share(const ChunkedParams& p, int* order, co
 __device__ __forceinline__ bool map_cta(const ChunkedParams& p) {
   return p.map_out != nullptr && static_cast<int>(blockIdx.x) >= p.value_blocks;
 }
-// The end of a map CTA's walk over list entry w: none without a map, else w.end or, with the
-// decay shortcut, where cp_stop_cta found the segment's start state decayed away.
+// A split's stage 1 at 128 columns may run a value CTA and a map CTA of each segment as a cluster
+// of two (ChunkedParams::cp_pairs, fused_cluster_x) that share their records (fused_paired): both
+// must then walk the same chunks, so the map CTA also walks the entries without a map (a
+// sequence's first segment) and stores nothing for them.
+__device__ __forceinline__ bool value_map_pair(const ChunkedParams& p) {
+  return p.cp_pairs && cluster_size() == 2;
+}
+// The end of a map CTA's walk over list entry w: none without a map (but w.end for a value and map
+// pair, value_map_pair), else w.end or, with the decay shortcut, where cp_stop_cta found the
+// segment's start state decayed away.
 __device__ __forceinline__ int map_walk_end(const ChunkedParams& p, const WalkSpan& w) {
-  if (w.map < 0) return w.begin;
+  if (w.map < 0) return value_map_pair(p) ? w.end : w.begin;
   if (p.map_end == nullptr) return w.end;
   const int e = p.map_end[2 * (static_cast<std::int64_t>(w.map) * p.num_heads + blockIdx.y)];
   return e < w.begin ? w.begin : e > w.end ? w.end : e;
@@ -431,10 +448,10 @@ __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* or
 }
 
 // Whether the CTA shares records with the other CTA of its cluster (ranks 0 and 1, CTAs x and x ^ 1
-// of the grid): the launch (fused_cluster_x, fused_sm90.cu) forms clusters of two only for
-// 64-column variants and only where both CTAs of every pair walk the same chunks of the same head
-// (two value-column blocks, or two map-column blocks of a split's stage 1), so their records are
-// equal. Rank r then forms Mt of the chunks j with j % 2 == r and copies it into the peer's stage;
+// of the grid): the launch (fused_cluster_x, fused_sm90.cu) forms clusters of two only where both
+// CTAs of every pair walk the same chunks of the same head (two value-column blocks of 64, two
+// map-column blocks of 64 of a split's stage 1, or its value and map CTA of 128, value_map_pair),
+// so their records are equal. Rank r then forms Mt of the chunks j with j % 2 == r and copies it into the peer's stage;
 // for the others it forms only G, gam and dec and its walk waits for the peer's copy:
 //   F::rec_full_bar(s)  the peer's copy of a chunk of stage s has landed (the aux arms it with the
 //                       bytes; the copy completes them), k-th use for the chunk 6k + c;
@@ -444,8 +461,21 @@ __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* or
 // Three record stages let the copy run while the walk is still one or two chunks behind.
 template <class F>
 __device__ __forceinline__ bool fused_paired() {
-  if constexpr (F::kRecStages != 3) return false;
+  // 128-column CTAs pair only as a split's value and map CTA (dk = 128, a walk list).
+  if constexpr (F::kRecStages != 3 || (F::DVB == 128 && (!F::kWalks || F::DK != 128))) return false;
   return cluster_size() == 2;
+}
+// For chunk j (the j-th of the CTA's walks) of a pair: whether this CTA forms its Mt and copies it
+// to the peer (own), or the peer does (from the peer). Both read the cluster's special registers
+// at each use rather than hold the pair and rank in registers across the walk (the state and aux
+// warpgroups of the 128-column kernel are at their budgets).
+template <class F>
+__device__ __forceinline__ bool pair_own(int j) {
+  return fused_paired<F>() && (j & 1) == static_cast<int>(cluster_rank());
+}
+template <class F>
+__device__ __forceinline__ bool pair_from_peer(int j) {
+  return fused_paired<F>() && (j & 1) != static_cast<int>(cluster_rank());
 }
 
 // A chunk position in the CTA's list of walks: list entry i, chunk at token c0 of a walk ending at
@@ -535,8 +565,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const FusedCopier<F> copy{fp, smem};
 
   constexpr int R = F::kRecStages;
-  const bool paired = fused_paired<F>();
-  const int rank = paired ? static_cast<int>(cluster_rank()) : 0;  // a pair's CTA forms Mt of chunks j % 2 == rank
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = chunks.first();
   if (chunks.valid(cur)) {
@@ -568,7 +596,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
         F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
-        if (paired && (j & 1) != rank) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's Mt
+        if (pair_from_peer<F>(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's Mt
       }
       probe.mark();
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
@@ -584,15 +612,16 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
                       reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
-                      gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !paired || (j & 1) == rank);
+                      gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !pair_from_peer<F>(j));
 #endif
-      if (paired && (j & 1) == rank) {  // Mt into the peer's stage, once its walk is done with chunk j - 3 there
+      if (pair_own<F>(j)) {  // Mt into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
         if (tid == 0) {
           if (j >= 3) mbar_wait_cluster(F::rec_free_bar(smem, j % R), ((j - 3) / 6) & 1);
-          bulk_copy_to_peer(peer_smem(F::rec(smem, j % R), rank ^ 1), F::rec(smem, j % R), F::rec_copy_bytes,
-                            peer_smem(F::rec_full_bar(smem, j % R), rank ^ 1));
+          const unsigned peer = cluster_rank() ^ 1u;
+          bulk_copy_to_peer(peer_smem(F::rec(smem, j % R), peer), F::rec(smem, j % R), F::rec_copy_bytes,
+                            peer_smem(F::rec_full_bar(smem, j % R), peer));
         }
       }
 #if GDNKIT_FUSED_PROBE_SKIP != 3
@@ -614,12 +643,12 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 }
 
 // P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
-// 16-bit tile in rec, by the state warpgroups (tid among them): warpgroup w forms columns
+// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them): warpgroup w forms columns
 // [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the staged K and Q; Gs holds G log2(e)
 // (fused_record). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
 // as Q's are). The caller fences and orders the stores before the walk's wgmma reads them.
 template <class F>
-__device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* rec, const float* Gs, float scale,
+__device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
                                         int tid) {
   using T = typename F::T;
   constexpr int NP = 64 / F::kStateWarpgroups;
@@ -637,7 +666,6 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
-  unsigned char* const P = rec + 2 * F::m_bytes;
 #pragma unroll
   for (int n = 0; n < NP / 8; ++n) {
     const int j = NP * wg + 8 * n + 2 * t;
@@ -677,8 +705,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 
   float st[DK / 8][4];
   constexpr int R = F::kRecStages;
-  const bool paired = fused_paired<F>();
-  const int rank = paired ? static_cast<int>(cluster_rank()) : 0;
   int j = 0;
   // Walk i's sequence (for its initial and final state).
   auto walk_seq = [&](std::int64_t i) -> std::int64_t {
@@ -693,11 +719,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     bool write_o = true;
     if constexpr (F::kWalks) {
       const WalkSpan w = walk_entry(order, i);
-      if (is_map && w.map < 0) continue;  // as the aux (walk_range)
+      if (is_map && w.map < 0 && !value_map_pair(p)) continue;  // as the aux (walk_range)
       bos = w.begin, eos = is_map ? map_walk_end(p, w) : w.end;
       if (w.state_in >= 0) start = p.walk_states, start_index = w.state_in;
       else if (w.state_in == kStateZero) start = nullptr;
-      write_o = w.out != 0 && (!is_map || p.map_o != nullptr);
+      write_o = w.out != 0 && (!is_map || (p.map_o != nullptr && w.map >= 0));
     } else {
       bos = seq_begin(p, start_index), eos = seq_begin(p, start_index + 1);
     }
@@ -715,8 +741,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 #endif
       probe.mark();
       const int s = j % R;
+      const bool from_peer = pair_from_peer<F>(j);
+      if (from_peer && j >= 1) {  // done with this CTA's Mt of chunk j - 1: the peer may copy chunk j + 2 there
+        __syncwarp();
+        if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, (j - 1) % R), cluster_rank() ^ 1u));
+      }
       named_sync(F::kBarFull + s, F::kThreads);
-      if (paired && (j & 1) != rank) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's Mt (fused_paired)
+      if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's Mt (fused_paired)
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's).
 #if GDNKIT_FUSED_PROBE_SKIP != 3
@@ -737,13 +768,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (tid / 128) * (C * 128) +
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
-      fused_p<F>(F::kq(smem, j % 3), rec,
+      fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem),
                  reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid);
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
       gmma_smem_fence();
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
-                           reinterpret_cast<const float*>(rec + F::rec_gam)};
+                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem)};
       // A map CTA's "o" rows (the start state's share of o) go to map_o, [T, H, dk]. Recomputed
       // per chunk from the parameters (opaque: not held in registers across the walk).
       const bool to_map = opaque(static_cast<int>(is_map)) != 0;
@@ -762,10 +793,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
       }
       named_arrive(F::kBarEmpty + s, F::kThreads);
-      if (paired && (j & 1) == rank) {  // done with this CTA's Mt of chunk j: the peer may copy chunk j + 3 here
-        __syncwarp();
-        if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, s), rank ^ 1));
-      }
       probe.mark();
       probe.print("state: full-wait walk");
       zero_state = false;
@@ -774,8 +801,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       const WalkSpan w = walk_entry(order, i);
       const int col = v0 + l.cw + l.g;
       if (is_map) {
-        store_tiles<DK>(st, p.map_out, (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK + col * DK + 2 * l.t,
-                        DK, 1);
+        if (w.map >= 0)
+          store_tiles<DK>(st, p.map_out, (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK + col * DK + 2 * l.t,
+                          DK, 1);
         continue;
       }
       if (w.state_out >= 0) store_state_tiles<DK>(st, p, p.walk_out, lane_state_offset<DK>(p, w.state_out, h, col, l.t));

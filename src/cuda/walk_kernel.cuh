@@ -85,9 +85,10 @@ template <typename T>
 struct WalkStage {
   const unsigned char* base;  // the stage (policy-specific layout of K, Q, Mt, P)
   const unsigned char* kq;    // wgmma policy: swizzled K, then Q (dk / 64 blocks of 8 KB each)
-  const unsigned char* mt;    // wgmma policy: swizzled 64 x 64 Mt hi, Mt lo, P (8 KB each)
+  const unsigned char* mt;    // wgmma policy: swizzled 64 x 64 Mt hi, then Mt lo (8 KB each)
   const T* V;                 // [64][LDV], the CTA's DVB columns, padded rows
   const float* gam;           // 64 x exp(G), then 64 x exp(G_last - G) (the record's gam, dec)
+  const unsigned char* p;     // wgmma policy: swizzled 64 x 64 P
   static_assert(kRecDecOff == kRecGamOff + 4 * kChunk, "dec follows gam");
 };
 
@@ -144,7 +145,7 @@ struct MmaSyncWalk {
   }
   __device__ static WalkStage<T> stage(const unsigned char* base) {
     return {base, nullptr, nullptr, reinterpret_cast<const T*>(base + off_v),
-            reinterpret_cast<const float*>(base + off_rec + kRecGamOff)};
+            reinterpret_cast<const float*>(base + off_rec + kRecGamOff), nullptr};
   }
 
   // KSt = St K^T and QSt = St Q^T (added to ks, qs).

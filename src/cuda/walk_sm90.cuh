@@ -126,7 +126,7 @@ struct WgmmaWalk {
 
   __device__ static WalkStage<T> stage(const unsigned char* base) {
     return {base, base + off_k, base + off_mh, reinterpret_cast<const T*>(base + off_v),
-            reinterpret_cast<const float*>(base + off_g)};
+            reinterpret_cast<const float*>(base + off_g), base + off_p};
   }
 
   template <int N>
@@ -200,7 +200,7 @@ struct WgmmaWalk {
     gmma_arrive();
 #pragma unroll
     for (int bj = 0; bj < NB; ++bj)
-      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc(S.mt + 2 * m_bytes + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc(S.p + 32 * bj, 16, 1024), true);
     gmma_commit();
     decay_state();
     fence_all(da);

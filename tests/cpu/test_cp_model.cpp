@@ -1,5 +1,6 @@
 // The context-parallelism cost model (src/cuda/cp_model.cpp) on an H200's 132 SMs: its estimates
-// against times measured on one (bench/results/nvidia-h200-2026-12-01-planner-refit.txt), and the
+// against times measured on one (bench/results/nvidia-h200-2026-12-01-planner-refit.txt; the
+// splits with stage 1 in value and map pairs: nvidia-h200-2026-12-02-value-map-pairs.txt), and the
 // planner's choices on the benchmark's shapes. Host arithmetic only: runs without a GPU.
 #include <gtest/gtest.h>
 
@@ -42,19 +43,24 @@ constexpr Unsplit kUnsplit[] = {
     {64, 16384, 1.058},  {64, 32768, 2.066},  {8, 8192, 0.394},    {8, 32768, 1.53},
 };
 
-// Split device times (ms): one sequence cut into `segments`.
+// Split device times (ms): one sequence cut into `segments`, stage 1 at 128 columns in value and
+// map pairs (pairs) or not.
 struct Split {
   int heads;
   std::int64_t len;
   int segments;
+  bool pairs;
   double ms, tolerance;
 };
 constexpr Split kSplit[] = {
-    {32, 2048, 2, 0.1329, 0.06},  {32, 8192, 2, 0.389, 0.06},  {32, 16384, 2, 0.736, 0.06},
-    {32, 65536, 2, 2.82, 0.06},   {32, 131072, 2, 5.595, 0.06}, {16, 2048, 4, 0.0915, 0.06},
-    {24, 4096, 3, 0.178, 0.06},   {40, 4096, 2, 0.2385, 0.06},  {48, 16384, 3, 1.057, 0.06},
-    // The 8-head splits into 8 segments: the model runs 10-18% high there (cp_model.cpp).
-    {8, 8192, 8, 0.140, 0.20},    {8, 32768, 8, 0.420, 0.20},
+    {32, 2048, 2, true, 0.1038, 0.10},  {32, 8192, 2, true, 0.3312, 0.06},  {32, 16384, 2, true, 0.6396, 0.06},
+    {32, 65536, 2, true, 2.4905, 0.06}, {32, 65536, 8, true, 2.7704, 0.06}, {16, 2048, 4, true, 0.0811, 0.10},
+    {24, 4096, 2, true, 0.1754, 0.06},  {40, 4096, 3, true, 0.2754, 0.06},  {48, 16384, 4, true, 1.0629, 0.06},
+    // The 8-head splits into 8 segments: the model runs 8-20% high there (cp_model.cpp).
+    {8, 8192, 8, true, 0.1246, 0.22},   {8, 32768, 8, true, 0.3727, 0.10},  {8, 32768, 4, true, 0.6262, 0.06},
+    // Without pairs (7e3e4ea's tree): where the first segments' map CTAs would add a wave.
+    {32, 16384, 2, false, 0.736, 0.06}, {24, 4096, 3, false, 0.178, 0.06}, {40, 4096, 2, false, 0.2385, 0.06},
+    {48, 16384, 3, false, 1.057, 0.06},
 };
 
 TEST(CpModel, UnsplitEstimatesMatchTheH200) {
@@ -66,10 +72,24 @@ TEST(CpModel, UnsplitEstimatesMatchTheH200) {
 
 TEST(CpModel, SplitEstimatesMatchTheH200) {
   for (const Split& m : kSplit) {
-    const CpChoice c = cp_best_split(shape(m.heads, 1, m.len), kH200Sms, m.segments, m.segments, false);
-    ASSERT_EQ(c.nseg, m.segments) << m.heads << " heads, " << m.len << " tokens";
-    EXPECT_NEAR(c.cost / 1000.0, m.ms, m.tolerance * m.ms) << m.heads << " heads, " << m.len << " tokens, "
-                                                            << m.segments << " segments";
+    const std::int64_t chunks = (m.len + 63) / 64, seg_chunks = (chunks + m.segments - 1) / m.segments;
+    const double us = cp_split_cost(shape(m.heads, 1, m.len), kH200Sms, seg_chunks, 128, false, m.pairs);
+    EXPECT_NEAR(us / 1000.0, m.ms, m.tolerance * m.ms)
+        << m.heads << " heads, " << m.len << " tokens, " << m.segments << " segments, pairs " << m.pairs;
+  }
+  // Pairs or not, as measured faster: pairs where the first segments' map CTAs fit the wave.
+  struct Pick {
+    int heads;
+    std::int64_t len;
+    int segments;
+    bool pairs;
+  };
+  for (const Pick& k : {Pick{8, 32768, 8, true}, Pick{32, 65536, 2, true}, Pick{16, 2048, 4, true},
+                        Pick{24, 4096, 3, false}, Pick{40, 4096, 2, false}}) {
+    const CpChoice c = cp_best_split(shape(k.heads, 1, k.len), kH200Sms, k.segments, k.segments, false);
+    ASSERT_EQ(c.nseg, k.segments) << k.heads << " heads, " << k.len << " tokens";
+    EXPECT_EQ(c.dvb, 128) << k.heads << " heads, " << k.len << " tokens";
+    EXPECT_EQ(c.pairs, k.pairs) << k.heads << " heads, " << k.len << " tokens, " << k.segments << " segments";
   }
 }
 
@@ -83,11 +103,12 @@ TEST(CpModel, ChoicesOnTheH200) {
     int nseg;  // 0: not split
   };
   const Case cases[] = {
-      {8, 8192, 8},    {8, 32768, 8},                          // qwen35tp8 rows: 0.140 / 0.394, 0.420 / 1.53 ms
-      {32, 16384, 2},  {32, 65536, 2},                         // qwen3next rows: 0.736 / 0.843, 2.82 / 3.31
-      {32, 4096, 0},   {32, 2048, 0},                          // split 5% faster (under the margin), 6% slower
+      {8, 8192, 8},    {8, 32768, 8},                          // qwen35tp8 rows: 0.125 / 0.394, 0.373 / 1.53 ms
+      {32, 16384, 2},  {32, 65536, 2},                         // qwen3next rows: 0.640 / 0.843, 2.49 / 3.31
+      {32, 8192, 2},   {32, 4096, 2},                          // 0.331 / 0.441; by the model 0.189 / 0.225
+      {32, 2048, 0},                                           // 0.104 / 0.126: the model (+10%) misses it
       {64, 4096, 0},   {64, 16384, 0},  {64, 32768, 0},        // fixed-b1, qwen35-b1: every split slower
-      {16, 2048, 4},   {24, 4096, 3},                          // 0.092 / 0.117, 0.178 / 0.219
+      {16, 2048, 4},   {24, 4096, 3},                          // 0.081 / 0.117, 0.178 / 0.219 (not in pairs)
       {40, 2048, 0},   {40, 4096, 2},   {48, 4096, 0},  {48, 16384, 0},  // 0.142 / 0.138 split slower; 0.239 / 0.260
   };
   for (const Case& c : cases) {
@@ -130,15 +151,15 @@ TEST(CpModel, PackedWithoutTheHint) {
   // split would only add launches.
   const UnsplitKernel w4{false, 4};
   EXPECT_EQ(cp_choose(shape(8, 8, 4096), kH200Sms, w4, 0, 0, true, false).nseg, 0);
-  // 4 x 4096 on 8 heads (the split path at 2 warps unsplit): equal lengths alone do not pay by
+  // 4 x 2048 on 8 heads (the split path at 2 warps unsplit): equal lengths alone do not pay by
   // the model, the worst case does and costs equal lengths under 5% more: planned for it
-  // (segments of 2048 tokens) only where the lengths are packed and unknown to the host.
+  // (segments of 1024 tokens) only where the lengths are packed and unknown to the host.
   const UnsplitKernel w2{false, 2};
-  const CpChoice worst = cp_choose(shape(8, 4, 4096), kH200Sms, w2, 0, 0, true, false);
+  const CpChoice worst = cp_choose(shape(8, 4, 2048), kH200Sms, w2, 0, 0, true, false);
   EXPECT_EQ(worst.nseg, 8);
-  EXPECT_EQ(worst.seg_tokens, 2048);
-  EXPECT_EQ(cp_choose(shape(8, 4, 4096), kH200Sms, w2, 0, 4096, true, false).nseg, 0);  // the hint: known
-  EXPECT_EQ(cp_choose(shape(8, 4, 4096), kH200Sms, w2, 0, 0, false, false).nseg, 0);    // no cu_seqlens: equal
+  EXPECT_EQ(worst.seg_tokens, 1024);
+  EXPECT_EQ(cp_choose(shape(8, 4, 2048), kH200Sms, w2, 0, 2048, true, false).nseg, 0);  // the hint: known
+  EXPECT_EQ(cp_choose(shape(8, 4, 2048), kH200Sms, w2, 0, 0, false, false).nseg, 0);    // no cu_seqlens: equal
 }
 
 TEST(CpModel, ForcedSegments) {
