@@ -1,6 +1,6 @@
 // The context-parallelism cost model (src/cuda/cp_model.cpp) on an H200's 132 SMs: its estimates
 // against times measured on one (bench/results/nvidia-h200-2026-12-01-planner-refit.txt; the
-// splits with stage 1 in value and map pairs: nvidia-h200-2026-12-02-value-map-pairs.txt), and the
+// splits with stage 1 in value and map pairs: nvidia-h200-2026-12-01-value-map-pairs.txt), and the
 // planner's choices on the benchmark's shapes. Host arithmetic only: runs without a GPU.
 #include <gtest/gtest.h>
 
