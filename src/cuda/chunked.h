@@ -230,6 +230,9 @@ struct SplitKernel {
   // The fused kernel (fused_sm90.cuh): no prep kernel and no workspace; walk_func is the whole
   // call, `warps` counts its state warps (16 value columns each) and `threads` adds its aux warps.
   bool fused;
+  // A fused kernel's instantiation for CTAs launched as clusters of two, where it has one (the
+  // 64-column kernel: FusedSm90::kAuxP), with the same threads and walk_smem; else nullptr.
+  const void* paired_func = nullptr;
 };
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.

@@ -72,6 +72,29 @@ unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
   return 2u;
 }
 
+// The unsplit 64-column kernel has a second instantiation for CTAs launched in pairs, whose aux
+// forms P (FusedSm90::kAuxP); a launch takes it where it forms clusters. Both take the larger of
+// their shared memory sizes (one CTA per SM either way).
+template <typename T, int DK, int DVB, bool kWalks>
+constexpr bool has_aux_p() {
+  return DVB == 64 && !kWalks;
+}
+template <typename T, int DK, int DVB, bool kWalks>
+const void* fused_func(bool paired) {
+  if constexpr (has_aux_p<T, DK, DVB, kWalks>())
+    if (paired) return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks, true>);
+  return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>);
+}
+template <typename T, int DK, int DVB, bool kWalks>
+constexpr std::size_t fused_smem_bytes() {
+  const std::size_t a = FusedSm90<T, DK, DVB, kWalks>::smem_bytes;
+  if constexpr (has_aux_p<T, DK, DVB, kWalks>()) {
+    const std::size_t b = FusedSm90<T, DK, DVB, kWalks, true>::smem_bytes;
+    return a > b ? a : b;
+  }
+  return a;
+}
+
 // Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
 template <typename T, int DK, int DVB, bool kWalks = false>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
@@ -86,18 +109,27 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
   void* args[] = {&fp};
-  const PdlLaunch launch(grid, dim3(F::kThreads), F::smem_bytes, stream, false,
-                         fused_cluster_x(F::DVB / 16, params, grid));
-  return cudaLaunchKernelExC(&launch.config, reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>),
-                             args);
+  const unsigned cluster = fused_cluster_x(F::DVB / 16, params, grid);
+  const PdlLaunch launch(grid, dim3(F::kThreads), fused_smem_bytes<T, DK, DVB, kWalks>(), stream, false, cluster);
+  return cudaLaunchKernelExC(&launch.config, fused_func<T, DK, DVB, kWalks>(cluster == 2), args);
 }
 
 template <typename T, int DK, int DVB, bool kWalks = false>
-constexpr SplitKernel fused_entry(const char* name, DType dtype) {
+SplitKernel fused_entry(const char* name, DType dtype) {
   using F = FusedSm90<T, DK, DVB, kWalks>;
-  return SplitKernel{name,     dtype,   DK, F::DVB / 16, true, 0, F::smem_bytes, nullptr,
-                     reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>),
-                     &launch_fused<T, DK, DVB, kWalks>, F::kThreads, true};
+  return SplitKernel{name,
+                     dtype,
+                     DK,
+                     F::DVB / 16,
+                     true,
+                     0,
+                     fused_smem_bytes<T, DK, DVB, kWalks>(),
+                     nullptr,
+                     fused_func<T, DK, DVB, kWalks>(false),
+                     &launch_fused<T, DK, DVB, kWalks>,
+                     F::kThreads,
+                     true,
+                     has_aux_p<T, DK, DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per
@@ -168,8 +200,10 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
   void* args[] = {&fp};
-  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, after, fused_cluster_x(k.warps, p, grid));
-  return cudaLaunchKernelExC(&launch.config, k.walk_func, args);
+  const unsigned cluster = fused_cluster_x(k.warps, p, grid);
+  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, after, cluster);
+  return cudaLaunchKernelExC(&launch.config, cluster == 2 && k.paired_func != nullptr ? k.paired_func : k.walk_func,
+                             args);
 }
 
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }

@@ -49,7 +49,7 @@
 
 namespace gdnkit::cuda {
 
-template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false>
+template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
   using T = T_;
   static constexpr int DK = DK_;
@@ -59,6 +59,12 @@ struct FusedSm90 {
   // The walk-list variant: walks p.walks (each its own token range, start state and final-state
   // flag) instead of one walk per sequence; the groundwork for splitting sequences.
   static constexpr bool kWalks = kWalks_;
+  // P formed by the aux warpgroup with the record, in the record stage (and so copied to the peer
+  // with Mt), instead of by the state warpgroup: for 64-column CTAs launched in pairs
+  // (fused_cluster_x), whose aux forms every other record and has the time, while their one state
+  // warpgroup's step is the bound. Alone (no cluster) such a CTA's aux forms every P.
+  static constexpr bool kAuxP = kAuxP_;
+  static_assert(!kAuxP || (DVB_ == 64 && !kWalks_), "P in the aux: the unsplit 64-column kernel");
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
@@ -90,7 +96,7 @@ struct FusedSm90 {
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
-  static constexpr std::size_t rec_gam = 2 * m_bytes;         // Mt hi, Mt lo, then gam, dec
+  static constexpr std::size_t rec_gam = (kAuxP ? 3 : 2) * m_bytes;  // Mt hi, Mt lo, (P,) then gam, dec
   static constexpr std::size_t rec_bytes =
       (rec_gam + 2 * kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   static constexpr std::size_t v_bytes = std::size_t(DVB / 64) * kChunk * 128;
@@ -98,8 +104,9 @@ struct FusedSm90 {
   static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // kRecStages stages
   // P of the chunk being walked: one buffer, formed by the state warpgroups after FULL of its chunk,
   // which every state thread reaches only once its previous step (and that step's reads of P) is done.
+  // (With kAuxP, P is in the record stages instead.)
   static constexpr std::size_t off_p = off_rec + kRecStages * rec_bytes;
-  static constexpr std::size_t off_v = off_p + m_bytes;                  // 2 stages
+  static constexpr std::size_t off_v = off_p + (kAuxP ? 0 : m_bytes);   // 2 stages
   static constexpr std::size_t off_at = off_v + 2 * v_bytes;             // A, then Tu's diagonal blocks
   static constexpr std::size_t off_tl = off_at + align128(std::size_t(kChunk) * LDA * 4);  // Tu rows 16..63
   static constexpr std::size_t off_r = off_tl + align128(std::size_t(kChunk - 16) * LDA * 4);
@@ -114,14 +121,17 @@ struct FusedSm90 {
   static constexpr std::size_t off_bar = off_ahead + kRecStages * 2 * 4;
   static constexpr std::size_t smem_bytes = off_bar + (5 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
   static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
-  static constexpr std::uint32_t rec_copy_bytes = 2 * m_bytes;  // Mt hi and lo: what a pair shares
+  static constexpr std::uint32_t rec_copy_bytes = (kAuxP ? 3 : 2) * m_bytes;  // Mt hi and lo (and P): what a pair shares
   static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
                     rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,
                 "stages keep their alignment");
 
   __device__ static unsigned char* kq(unsigned char* smem, int s) { return smem + off_kq + s * kq_bytes; }
   __device__ static unsigned char* rec(unsigned char* smem, int s) { return smem + off_rec + s * rec_bytes; }
-  __device__ static unsigned char* p_tile(unsigned char* smem) { return smem + off_p; }
+  // P of the chunk in record stage s.
+  __device__ static unsigned char* p_tile(unsigned char* smem, int s) {
+    return kAuxP ? rec(smem, s) + 2 * m_bytes : smem + off_p;
+  }
   __device__ static T* v(unsigned char* smem, int s) { return reinterpret_cast<T*>(smem + off_v + s * v_bytes); }
   __device__ static int* ahead(unsigned char* smem, int s) { return reinterpret_cast<int*>(smem + off_ahead) + 2 * s; }
   __device__ static std::uint64_t* kq_bar(unsigned char* smem, int s) {
@@ -553,8 +563,12 @@ __device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, 
   }
 }
 
+template <class F>
+__device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
+                                        int tid, bool store);
+
 // The aux warpgroup: the first chunks' copies (TMA, issued by thread 0) and every record, one
-// chunk ahead of the state warpgroups.
+// chunk ahead of the state warpgroups (with F::kAuxP also P).
 template <class F>
 __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* smem, const int* order, int tid) {
   constexpr int DK = F::DK;
@@ -613,6 +627,10 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
                       reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
                       gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !pair_from_peer<F>(j));
+      if constexpr (F::kAuxP)  // G is published (fused_record's barriers)
+        fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
+                   reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale, tid,
+                   !pair_from_peer<F>(j));
 #endif
       if (pair_own<F>(j)) {  // Mt into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
@@ -647,9 +665,11 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 // [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the staged K and Q; Gs holds G log2(e)
 // (fused_record). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
 // as Q's are). The caller fences and orders the stores before the walk's wgmma reads them.
+// With store false only the products are issued (a wgmma under a branch makes ptxas serialize
+// every wgmma of the kernel, C7518), and nothing is written.
 template <class F>
 __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
-                                        int tid) {
+                                        int tid, bool store) {
   using T = typename F::T;
   constexpr int NP = 64 / F::kStateWarpgroups;
   tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
@@ -666,6 +686,7 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
+  if (!store) return;
 #pragma unroll
   for (int n = 0; n < NP / 8; ++n) {
     const int j = NP * wg + 8 * n + 2 * t;
@@ -768,13 +789,14 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (tid / 128) * (C * 128) +
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
-      fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem),
-                 reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid);
+      if constexpr (!F::kAuxP)
+        fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s),
+                   reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid, true);
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
       gmma_smem_fence();
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
-                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem)};
+                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
       // A map CTA's "o" rows (the start state's share of o) go to map_o, [T, H, dk]. Recomputed
       // per chunk from the parameters (opaque: not held in registers across the walk).
       const bool to_map = opaque(static_cast<int>(is_map)) != 0;
@@ -867,13 +889,13 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
 
 // grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a
 // hold only a trap (the planner never picks the kernel there).
-template <typename T, int DK, int DVB, bool kWalks = false>
-__global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks>::kThreads, 1)
+template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false>
+__global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks, kAuxP>::kThreads, 1)
     gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  fused_cta<FusedSm90<T, DK, DVB, kWalks>>(fp);
+  fused_cta<FusedSm90<T, DK, DVB, kWalks, kAuxP>>(fp);
 #endif
 }
 

@@ -92,10 +92,11 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
   run_grid(grid, Walk::kThreads, [&] { cuda::walk_cta<Walk>(p); });
 }
 
-// The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace.
-template <typename T, int DK, int DVB, bool kWalks = false>
+// The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace. (The emulator runs each
+// CTA alone, as a cluster of one: a kAuxP instantiation's aux then forms every record and P.)
+template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false>
 void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
-  using F = cuda::FusedSm90<T, DK, DVB, kWalks>;
+  using F = cuda::FusedSm90<T, DK, DVB, kWalks, kAuxP>;
   static_assert(F::smem_bytes <= sizeof(cuda::smem_raw));
   p.ws = nullptr;
   cuda::FusedParams fp;
@@ -132,6 +133,11 @@ std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first, bo
       else if (bf16) emulate_fused<__nv_bfloat16, 64, 128>(p, grid);
       else if (s.dk == 128) emulate_fused<__half, 128, 128>(p, grid);
       else emulate_fused<__half, 64, 128>(p, grid);
+    } else if (s.dv % 128 == 0) {  // on the GPU, pairs: the instantiation with P in the aux
+      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 64, false, true>(p, grid);
+      else if (bf16) emulate_fused<__nv_bfloat16, 64, 64, false, true>(p, grid);
+      else if (s.dk == 128) emulate_fused<__half, 128, 64, false, true>(p, grid);
+      else emulate_fused<__half, 64, 64, false, true>(p, grid);
     } else {
       if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 64>(p, grid);
       else if (bf16) emulate_fused<__nv_bfloat16, 64, 64>(p, grid);
