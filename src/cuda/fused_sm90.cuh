@@ -13,7 +13,8 @@
 //                      reads.
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
-//                      share of the columns (fused_p), then the wgmma walk's chunk step (walk_chunk
+//                      share of the columns (fused_p; the aux's in the kAuxP instantiation, for
+//                      64-column pairs), then the wgmma walk's chunk step (walk_chunk
 //                      with WgmmaWalk's products), the state in registers throughout. State thread
 //                      0 issues the later chunks' TMA copies as each step frees a stage, at the
 //                      positions the aux publishes (F::ahead): the aux, the bound, issues none.
