@@ -8,7 +8,9 @@
 // chunks' time to fill ("CTA pairs sharing records"; the split's stage 1 keeps 4.8 until measured
 // with pairs). An exact split's stage 1 at 128 columns with each segment's value and map CTA in a
 // pair sharing the records (the first segments' map CTAs walking along): about 4.0 us per chunk
-// ("Value and map CTAs in pairs"); without pairs, where those map CTAs would add a wave, 4.9. A scan step (one
+// ("Value and map CTAs in pairs"); without pairs, where those map CTAs would add a wave, 4.9; at
+// 64 columns, whose value blocks and map blocks run in pairs where dk and dv are multiples of 128,
+// about 3.4 (fitted to 8- and 16-head splits into 2 and 4 segments, within 10%). A scan step (one
 // segment) about 4.5 us; the correction moves map_o and o (read and written) of the rows after
 // each sequence's first segment at about 2.2 TB/s; the launches and the split's other fixed costs
 // about 30 us. The unsplit split path: its walk 2.9 / 2.9 / 3.4 / 4.4 us per chunk with 1 / 2 / 4
@@ -30,6 +32,9 @@ constexpr std::int64_t kChunkTokens = 64;
 constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kStepFused64Pairs = 3.63, kScanStep = 4.5, kCpFixed = 30.0;
 // Stage 1 of an exact split at 128 columns: a segment's value and map CTA share their records.
 constexpr double kStepFused128Pairs = 4.0;
+// Stage 1 at 64 columns where its CTAs run in pairs (dk and dv multiples of 128: two value blocks
+// and two map blocks per segment, fused_cluster_x).
+constexpr double kStepFused64SplitPairs = 3.4;
 constexpr double kFixBytesPerUs = 2.2e6;
 constexpr double kPrepPerWalkChunk = 0.0093, kSplitPathFixed = 20.0;
 
@@ -74,7 +79,8 @@ double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, i
   // With the shortcut the rows are short and the fixed costs (the stop points, the scan over all
   // heads, launch gaps) weigh more: measured on the H200 (perf-notes), about 10% more per chunk
   // and 80 us more per call than the model of the exact split.
-  const double step = pairs ? kStepFused128Pairs : fused_step(dvb) * (cut ? 1.1 : 1.0);
+  const bool pairs64 = dvb == 64 && s.dk % 128 == 0 && s.dv % 128 == 0;
+  const double step = pairs ? kStepFused128Pairs : (pairs64 ? kStepFused64SplitPairs : fused_step(dvb)) * (cut ? 1.1 : 1.0);
   const double stage1 =
       cut ? step * static_cast<double>((walk_chunks + 1) * waves(cv, sms) + (kCutChunks + 1) * waves(cm, sms))
           : step * static_cast<double>((walk_chunks + 1) * waves(cv + cm, sms));
@@ -94,7 +100,9 @@ CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut
     if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give
     for (int dvb : {128, 64})
       for (bool pairs : {true, false}) {
-        if (s.dk % dvb != 0 || s.dv % dvb != 0 || (pairs && (dvb != 128 || cut))) continue;
+        // (Value and map pairs: one value and one map CTA per segment, dk = dv = 128; cp.cu.)
+        if (s.dk % dvb != 0 || s.dv % dvb != 0 || (pairs && (dvb != 128 || cut || s.dk != 128 || s.dv != 128)))
+          continue;
         const double cost = cp_split_cost(s, sms, seg_chunks, dvb, cut, pairs);
         if (best.nseg == 0 || cost < best.cost)
           best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunkTokens), dvb, cost, pairs};

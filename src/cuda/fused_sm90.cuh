@@ -25,7 +25,8 @@
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two,
-// the record (and its gates) in R = F::kRecStages = 3, P in one buffer; mbarriers track
+// the record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
+// GDNKIT_FUSED_REC_STAGES=2), P in one buffer (in the record stages with kAuxP); mbarriers track
 // the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
 // in place; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
 // the aux waits before it reuses chunk c's stages for chunk c + R), P (the state warpgroups' P and
@@ -592,7 +593,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       }
     }
 #endif
-    zero_record_tiles<F>(smem, tid);  // ordered before the records' writes by fused_record's first barrier
     // The next chunk's gate or beta stays a loaded word until its record (load_gate_beta_bits):
     // the load is in flight during this record.
     std::uint32_t gb_cur = load_gate_beta_bits(p, cur.c0, cur.nrows(), h, tid);
@@ -875,7 +875,11 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   } else {
     __syncthreads();  // the barriers are initialised
   }
-  // A pair: the peer's barriers are initialised before any copy or arrival reaches them.
+  // The record tiles' zeros (the aux's threads), before this CTA's records (fused_record's first
+  // barrier orders them) and, in a pair, before the peer's first copy into them (the cluster
+  // barrier below, which also has the peer's barriers initialised before any copy or arrival
+  // reaches them).
+  if (tid < 128) zero_record_tiles<F>(smem, tid);
   if (fused_paired<F>()) cluster_sync();
   if (tid < 128) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();

@@ -44,13 +44,14 @@ constexpr Unsplit kUnsplit[] = {
 };
 
 // Split device times (ms): one sequence cut into `segments`, stage 1 at 128 columns in value and
-// map pairs (pairs) or not.
+// map pairs (pairs) or not, or at 64 columns (dvb 64: its blocks in pairs).
 struct Split {
   int heads;
   std::int64_t len;
   int segments;
   bool pairs;
   double ms, tolerance;
+  int dvb = 128;
 };
 constexpr Split kSplit[] = {
     {32, 2048, 2, true, 0.1038, 0.10},  {32, 8192, 2, true, 0.3312, 0.06},  {32, 16384, 2, true, 0.6396, 0.06},
@@ -61,6 +62,10 @@ constexpr Split kSplit[] = {
     // Without pairs (7e3e4ea's tree): where the first segments' map CTAs would add a wave.
     {32, 16384, 2, false, 0.736, 0.06}, {24, 4096, 3, false, 0.178, 0.06}, {40, 4096, 2, false, 0.2385, 0.06},
     {48, 16384, 3, false, 1.057, 0.06},
+    // At 64 columns (18c3bd9's tree, the same sweep).
+    {8, 8192, 2, false, 0.2523, 0.10, 64},  {8, 8192, 4, false, 0.1573, 0.12, 64},
+    {8, 32768, 2, false, 0.9453, 0.06, 64}, {8, 32768, 4, false, 0.5382, 0.06, 64},
+    {16, 2048, 2, false, 0.0846, 0.17, 64},
 };
 
 TEST(CpModel, UnsplitEstimatesMatchTheH200) {
@@ -73,7 +78,7 @@ TEST(CpModel, UnsplitEstimatesMatchTheH200) {
 TEST(CpModel, SplitEstimatesMatchTheH200) {
   for (const Split& m : kSplit) {
     const std::int64_t chunks = (m.len + 63) / 64, seg_chunks = (chunks + m.segments - 1) / m.segments;
-    const double us = cp_split_cost(shape(m.heads, 1, m.len), kH200Sms, seg_chunks, 128, false, m.pairs);
+    const double us = cp_split_cost(shape(m.heads, 1, m.len), kH200Sms, seg_chunks, m.dvb, false, m.pairs);
     EXPECT_NEAR(us / 1000.0, m.ms, m.tolerance * m.ms)
         << m.heads << " heads, " << m.len << " tokens, " << m.segments << " segments, pairs " << m.pairs;
   }
@@ -91,6 +96,16 @@ TEST(CpModel, SplitEstimatesMatchTheH200) {
     EXPECT_EQ(c.dvb, 128) << k.heads << " heads, " << k.len << " tokens";
     EXPECT_EQ(c.pairs, k.pairs) << k.heads << " heads, " << k.len << " tokens, " << k.segments << " segments";
   }
+  // 64 columns where they measured faster: 8 heads in 2 or 4 segments (0.945 / 0.538 ms against
+  // 1.140 / 0.626 in value and map pairs at 32768 tokens).
+  for (int segments : {2, 4}) {
+    const CpChoice c = cp_best_split(shape(8, 1, 32768), kH200Sms, segments, segments, false);
+    EXPECT_EQ(c.dvb, 64) << segments << " segments";
+  }
+  // Value and map pairs only where the launch forms them: dk = dv = 128.
+  gdnkit::detail::Shape wide = shape(8, 1, 32768);
+  wide.dv = 256;
+  EXPECT_FALSE(cp_best_split(wide, kH200Sms, 8, 8, false).pairs);
 }
 
 // The planner's exact choice on the benchmark's single-sequence rows and on the calibration
