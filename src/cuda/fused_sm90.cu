@@ -66,7 +66,8 @@ namespace {
 // shortcut stops the map walks early). 1: no clusters.
 unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
   if (grid.x % 2 != 0) return 1u;
-  if (warps == 8) return p.cp_pairs && p.map_out != nullptr && p.map_end == nullptr && p.value_blocks == 1 && grid.x == 2 ? 2u : 1u;
+  if (warps == 8)
+    return p.cp_pairs && p.map_out != nullptr && p.map_end == nullptr && p.value_blocks == 1 && grid.x == 2 ? 2u : 1u;
   if (warps != 4) return 1u;
   if (p.map_out != nullptr && p.value_blocks % 2 != 0) return 1u;
   return 2u;
