@@ -145,7 +145,14 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   p1.map_o_token = static_cast<std::int64_t>(p.num_heads) * dk;
   p1.value_blocks = p.dv / dvb1;
   p1.cp_pairs = c.pairs && dvb1 == 128 && p.dv == 128 && dk == 128 && p.map_end == nullptr;
-  const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H, static_cast<unsigned>(std::min<std::int64_t>(c.cap1, 65535)));
+  // With computed lists the host knows how many entries are real; the rest of cap1 is padding,
+  // whose CTAs would only start and exit (after the others, where the grid fills the SMs).
+  std::int64_t z1 = c.cap1;
+  if (computed)
+    z1 = p.num_seqs == 1 ? std::max<std::int64_t>(1, (p.tokens + c.seg - 1) / c.seg)
+                         : static_cast<std::int64_t>(p.num_seqs) * p.cp_per_seq;
+  const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
+                static_cast<unsigned>(std::min<std::int64_t>(std::min(z1, c.cap1), 65535)));
   err = launch_fused_encoded(k1, p1, maps, g1, stream, /*after=*/true);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 

@@ -637,7 +637,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
         if (tid == 0) {
-          if (j >= 3) mbar_wait_cluster(F::rec_free_bar(smem, j % R), ((j - 3) / 6) & 1);
+          if (j >= 3) mbar_wait(F::rec_free_bar(smem, j % R), ((j - 3) / 6) & 1);
           const unsigned peer = cluster_rank() ^ 1u;
           bulk_copy_to_peer(peer_smem(F::rec(smem, j % R), peer), F::rec(smem, j % R), F::rec_copy_bytes,
                             peer_smem(F::rec_full_bar(smem, j % R), peer));

@@ -342,17 +342,27 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
       for (int e = 0; e < 4; ++e) st[j][e] *= gam_last;
   };
   // Tile i is Ot[c][r] for r in [8 i, 8 i + 8); transposed, the lane holds O[8 i + g][2t, 2t+1]
-  // (first word: columns cw + 2t, second: cw + 8 + 2t).
+  // (first word: columns cw + 2t, second: cw + 8 + 2t). Every transpose is issued before the first
+  // store (their latency overlaps), and the lane's row pointer steps by 8 rows: the 64-bit row
+  // product per row and a branch per row had made this the longest phase of the fused kernel's
+  // step after its waits (docs/perf-notes.md, "The O stores").
   auto store_o = [&] {
+    std::uint32_t ov[2 * NB][2];
 #pragma unroll
     for (int i = 0; i < 2 * NB; ++i) {
-      const std::uint32_t o0 = movmatrix_trans(pack2<T>(qs[i][0], qs[i][1]));
-      const std::uint32_t o1 = movmatrix_trans(pack2<T>(qs[i][2], qs[i][3]));
+      ov[i][0] = movmatrix_trans(pack2<T>(qs[i][0], qs[i][1]));
+      ov[i][1] = movmatrix_trans(pack2<T>(qs[i][2], qs[i][3]));
+    }
+    const bool all = nrows >= 16 * NB;  // every row of the NB row blocks
+    T* const orow_g = orow0 + l.g * o_token + 2 * t;
+    const std::int64_t step = 8 * o_token;
+#pragma unroll
+    for (int i = 0; i < 2 * NB; ++i) {
       const int r = 8 * i + l.g;
-      if (r < nrows) {
-        T* const orow = orow0 + r * o_token + 2 * t;
-        *reinterpret_cast<std::uint32_t*>(orow) = o0;
-        *reinterpret_cast<std::uint32_t*>(orow + 8) = o1;
+      if (all || r < nrows) {
+        T* const orow = orow_g + i * step;
+        *reinterpret_cast<std::uint32_t*>(orow) = ov[i][0];
+        *reinterpret_cast<std::uint32_t*>(orow + 8) = ov[i][1];
       }
     }
   };

@@ -194,22 +194,14 @@ __device__ __forceinline__ std::uint32_t peer_smem(const void* p, unsigned rank)
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
   return r;
 }
-// One arrival on an mbarrier of a CTA of the cluster (a shared::cluster address), release at
-// cluster scope: this thread's earlier memory operations are ordered before it.
+// One arrival on an mbarrier of a CTA of the cluster (a shared::cluster address), awaited there
+// by mbar_wait: the forms CUTLASS's cluster pipelines use to release a stage to its remote
+// producer (release and acquire at CTA scope). The callers release a stage only after the wgmma
+// that read it has retired, so no read can be outstanding. At cluster scope the arrival had cost
+// a MEMBAR that waited for the thread's outstanding global stores (the previous step's O), 2.7%
+// of the state warps' samples in a paired split (docs/perf-notes.md, "The O stores").
 __device__ __forceinline__ void mbar_arrive_cluster(std::uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// mbar_wait with acquire at cluster scope: for arrivals from another CTA of the cluster.
-__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, int parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // `bytes` (a multiple of 16) of this CTA's shared memory at src into another CTA's of the cluster
 // at dst by the TMA unit, completing the transaction bytes of that CTA's mbarrier bar (dst and bar:

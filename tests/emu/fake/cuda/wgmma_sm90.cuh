@@ -342,7 +342,6 @@ inline void cluster_sync() { __syncthreads(); }
 }
 inline std::uint32_t peer_smem(const void*, unsigned) { cluster_unreachable("peer_smem"); }
 inline void mbar_arrive_cluster(std::uint32_t) { cluster_unreachable("mbar_arrive_cluster"); }
-inline void mbar_wait_cluster(std::uint64_t*, int) { cluster_unreachable("mbar_wait_cluster"); }
 inline void bulk_copy_to_peer(std::uint32_t, const void*, std::uint32_t, std::uint32_t) {
   cluster_unreachable("bulk_copy_to_peer");
 }
