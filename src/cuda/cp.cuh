@@ -378,9 +378,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
   const std::int64_t cs = p.state_vk ? DK : 1, ds = p.state_vk ? 1 : p.dv;  // column, key strides
   const std::int64_t mrow = static_cast<std::int64_t>(p.num_heads) * DK;  // map_o's token stride
   // B's k-step kk (16 product keys) of the hi or lo tile: column block kk / 4, 32 bytes per step.
-  auto desc = [&](const unsigned char* tile, int kk) {
-    return gmma_desc(tile + (kk / 4) * (NC * 128) + (kk % 4) * 32, 16, 1024);
-  };
+  const std::uint64_t dhi = gmma_desc(hi, 16, 1024), dlo = gmma_desc(lo, 16, 1024);
   grid_dependency_wait();
   for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
     const WalkSpan w = cp_walk_entry(p, list3, i, true);
@@ -464,8 +462,8 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
       gmma_arrive();
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) {
-        gmma_rs<T, NC, false>(acc, a[kk], desc(hi, kk), kk > 0);
-        gmma_rs<T, NC, false>(acc, a[kk], desc(lo, kk), true);
+        gmma_rs<T, NC, false>(acc, a[kk], gmma_desc_add(dhi, gmma_kstep(kk, NC)), kk > 0);
+        gmma_rs<T, NC, false>(acc, a[kk], gmma_desc_add(dlo, gmma_kstep(kk, NC)), true);
       }
       gmma_commit();
       gmma_wait<0>();

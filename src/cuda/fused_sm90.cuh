@@ -200,11 +200,10 @@ __device__ __forceinline__ float2 decay_pair(float gi, float2 gj, int i, int j) 
   return make_float2(j <= i ? fast_exp2(gi - gj.x) : 0.0f, j + 1 <= i ? fast_exp2(gi - gj.y) : 0.0f);
 }
 
-// The wgmma descriptor of 16 columns (kk-th step of 16) of a staged K or Q tile: 128-byte-swizzled
-// blocks of 64 columns x 64 rows (from `tile`, which may start at a row that is a multiple of 8).
-__device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile, int kk) {
-  return gmma_desc(tile + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024);
-}
+// The wgmma descriptor of a staged K or Q tile: 128-byte-swizzled blocks of 64 columns x 64 rows
+// (from `tile`, which may start at a row that is a multiple of 8); its kk-th step of 16 columns is
+// gmma_desc_add(fused_kdesc(tile), gmma_kstep(kk, kChunk)).
+__device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile) { return gmma_desc(tile, 16, 1024); }
 
 // The record of one chunk (rows [0, nrows) valid) from its staged K (kq) and the thread's gate or
 // beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: Mt hi,
@@ -233,12 +232,15 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   // K K^T (rows and columns: K; warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1), in
   // flight while G is formed. (Q K^T is the state warpgroups', fused_p.) Issued with mt false too:
   // a wgmma under a branch makes ptxas serialize every wgmma of the kernel (C7518).
-  const unsigned char* const ks = kq;
+  const std::uint64_t dk = fused_kdesc(kq);
   float kkt[32];
   gmma_fence(kkt);
   gmma_arrive();
 #pragma unroll
-  for (int kk = 0; kk < DK / 16; ++kk) gmma_ss<T, 64>(kkt, fused_kdesc(ks, kk), fused_kdesc(ks, kk), kk > 0);
+  for (int kk = 0; kk < DK / 16; ++kk) {
+    const std::uint64_t d = gmma_desc_add(dk, gmma_kstep(kk, kChunk));
+    gmma_ss<T, 64>(kkt, d, d, kk > 0);
+  }
   gmma_commit();
   probe.mark();
 
@@ -675,13 +677,14 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   constexpr int NP = 64 / F::kStateWarpgroups;
   tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const unsigned char* const ks = kq + wg * NP * 128;  // rows [NP wg, NP wg + NP) of K
-  const unsigned char* const qs = kq + F::Walk::k_bytes;
+  const std::uint64_t dk = fused_kdesc(kq + wg * NP * 128);  // rows [NP wg, NP wg + NP) of K
+  const std::uint64_t dq = fused_kdesc(kq + F::Walk::k_bytes);
   float acc[NP / 2];
   gmma_fence(acc);
   gmma_arrive();
 #pragma unroll
-  for (int kk = 0; kk < F::DK / 16; ++kk) gmma_ss<T, NP>(acc, fused_kdesc(qs, kk), fused_kdesc(ks, kk), kk > 0);
+  for (int kk = 0; kk < F::DK / 16; ++kk)
+    gmma_ss<T, NP>(acc, gmma_desc_add(dq, gmma_kstep(kk, kChunk)), gmma_desc_add(dk, gmma_kstep(kk, kChunk)), kk > 0);
   gmma_commit();
   const int i0 = 16 * warp + g;
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};

@@ -151,6 +151,7 @@ struct WgmmaWalk {
     float (&vf)[8 * NB] = flat<8 * NB>(vn);
     std::uint32_t sa[DK / 16][4];
     if (!zero_state) {
+      const std::uint64_t dk = gmma_desc(S.kq, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
       fence_all(sa);
@@ -159,10 +160,10 @@ struct WgmmaWalk {
       gmma_arrive();
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
-        gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc(S.kq + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
+        gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
-        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc(S.kq + k_bytes + (kk / 4) * (kChunk * 128) + (kk % 4) * 32, 16, 1024), true);
+        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc_add(dk, k_bytes + gmma_kstep(kk, kChunk)), true);
       gmma_commit();
       gmma_wait<0>();
       gmma_fence(kf);
@@ -173,13 +174,14 @@ struct WgmmaWalk {
     make_x(xa);
 #pragma unroll
     for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
+    const std::uint64_t dm = gmma_desc(S.mt, 16, 1024);
     fence_all(xa);
     gmma_fence(vf);
     gmma_arrive();
 #pragma unroll
     for (int bj = 0; bj < NB; ++bj) {
-      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.mt + m_bytes + 32 * bj, 16, 1024), true);
-      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc(S.mt + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc_add(dm, m_bytes + 32 * bj), true);
+      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc_add(dm, 32 * bj), true);
     }
     gmma_commit();
     gmma_wait<0>();
@@ -195,12 +197,13 @@ struct WgmmaWalk {
                                    const WalkStage<T>& S, const WalkLane&) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
+    const std::uint64_t dp = gmma_desc(S.p, 16, 1024), ds = gmma_desc(S.kq, kChunk * 128, 1024);
     fence_all(na);
     gmma_fence(qf);
     gmma_arrive();
 #pragma unroll
     for (int bj = 0; bj < NB; ++bj)
-      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc(S.p + 32 * bj, 16, 1024), true);
+      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc_add(dp, 32 * bj), true);
     gmma_commit();
     decay_state();
     fence_all(da);
@@ -208,7 +211,7 @@ struct WgmmaWalk {
     gmma_arrive();
 #pragma unroll
     for (int rb = 0; rb < NB; ++rb)
-      gmma_rs<T, DK, true>(sf, da[rb], gmma_desc(S.kq + rb * 16 * 128, kChunk * 128, 1024), true);
+      gmma_rs<T, DK, true>(sf, da[rb], gmma_desc_add(ds, rb * 16 * 128), true);
     gmma_commit();
     gmma_wait<1>();
     gmma_fence(qf);

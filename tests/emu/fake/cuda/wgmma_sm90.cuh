@@ -30,6 +30,14 @@ inline std::uint64_t gmma_desc(const void* smem, std::uint32_t lbo, std::uint32_
   return (std::uint64_t((addr >> 4) & 0x3fffu)) | (std::uint64_t((lbo >> 4) & 0x3fffu) << 16) |
          (std::uint64_t((sbo >> 4) & 0x3fffu) << 32) | (std::uint64_t(1) << 62);
 }
+inline std::uint64_t gmma_desc_add(std::uint64_t desc, std::uint32_t bytes) {
+  if (bytes % 16) { std::fprintf(stderr, "gmma desc offset not 16-byte aligned\n"); std::abort(); }
+  if ((desc & 0x3fffu) + (bytes >> 4) > 0x3fffu) { std::fprintf(stderr, "gmma desc offset carries out of the address\n"); std::abort(); }
+  return desc + (bytes >> 4);
+}
+constexpr std::uint32_t gmma_kstep(int kk, int rows) {
+  return static_cast<std::uint32_t>((kk / 4) * (rows * 128) + (kk % 4) * 32);
+}
 extern unsigned char smem_raw[];
 constexpr std::size_t kSmemBytes = 232448;  // the emulated dynamic shared memory (an H100/H200's opt-in limit)
 // Element (k, n) of a 128-byte-swizzled operand tile: K-major (element (k, n) at row n, column k)
