@@ -343,9 +343,10 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   };
   // Tile i is Ot[c][r] for r in [8 i, 8 i + 8); transposed, the lane holds O[8 i + g][2t, 2t+1]
   // (first word: columns cw + 2t, second: cw + 8 + 2t). Every transpose is issued before the first
-  // store (their latency overlaps), and the lane's row pointer steps by 8 rows: the 64-bit row
-  // product per row and a branch per row had made this the longest phase of the fused kernel's
-  // step after its waits (docs/perf-notes.md, "The O stores").
+  // store, so that their latencies overlap, and a chunk whose row blocks are all valid tests no
+  // row: each store had waited for its own transpose, the longest phase of the fused kernel's
+  // paired step after its waits (docs/perf-notes.md, "The O stores"). (A row pointer stepped by 8
+  // rows instead of each row's address spilled in the walk-list kernels.)
   auto store_o = [&] {
     std::uint32_t ov[2 * NB][2];
 #pragma unroll
