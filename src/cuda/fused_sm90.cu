@@ -76,20 +76,20 @@ unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
 // The unsplit 64-column kernel has a second instantiation for CTAs launched in pairs, whose aux
 // forms P (FusedSm90::kAuxP); a launch takes it where it forms clusters. Both take the larger of
 // their shared memory sizes (one CTA per SM either way).
-template <typename T, int DK, int DVB, bool kWalks>
+template <int DVB, bool kWalks>
 constexpr bool has_aux_p() {
   return DVB == 64 && !kWalks;
 }
 template <typename T, int DK, int DVB, bool kWalks>
 const void* fused_func(bool paired) {
-  if constexpr (has_aux_p<T, DK, DVB, kWalks>())
+  if constexpr (has_aux_p<DVB, kWalks>())
     if (paired) return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks, true>);
   return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>);
 }
 template <typename T, int DK, int DVB, bool kWalks>
 constexpr std::size_t fused_smem_bytes() {
   const std::size_t a = FusedSm90<T, DK, DVB, kWalks>::smem_bytes;
-  if constexpr (has_aux_p<T, DK, DVB, kWalks>()) {
+  if constexpr (has_aux_p<DVB, kWalks>()) {
     const std::size_t b = FusedSm90<T, DK, DVB, kWalks, true>::smem_bytes;
     return a > b ? a : b;
   }
@@ -130,7 +130,7 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      &launch_fused<T, DK, DVB, kWalks>,
                      F::kThreads,
                      true,
-                     has_aux_p<T, DK, DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr};
+                     has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per
