@@ -167,9 +167,11 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
     if (err != cudaSuccess) return err;
   }
 
+  // Only list 3's entries that hold a segment get CTAs (cp_fix_entries; as for stage 1 above).
+  const std::int64_t z3 = cp_fix_entries(p, c, computed);
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
   const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,
-                static_cast<unsigned>(std::min<std::int64_t>(c.cap3, 65535)));
+                static_cast<unsigned>(std::min<std::int64_t>(z3, 65535)));
   const bool bf16 = k1.dtype == DType::bf16;
   using BF = __nv_bfloat16;
   if (bf16 && dk == 128)

@@ -41,6 +41,17 @@ inline bool cp_compute_lists(ChunkedParams& p, const CpLayout& c) {
   return true;
 }
 
+// How many of list 3's first entries the correction (stage 3) gets CTAs for: with computed lists
+// only those that hold a segment, nseg - 1 for one sequence and cp_per_seq - 1 per sequence of
+// equal lengths (at least 1: a grid is never empty); otherwise cap3. cap3 = T / seg only bounds
+// them: one sequence in two segments has one such entry where cap3 is 2.
+inline std::int64_t cp_fix_entries(const ChunkedParams& p, const CpLayout& c, bool computed) {
+  if (!computed) return c.cap3;
+  const std::int64_t n = p.num_seqs == 1 ? (p.tokens > c.seg ? (p.tokens + c.seg - 1) / c.seg - 1 : 0)
+                                         : static_cast<std::int64_t>(p.num_seqs) * (p.cp_per_seq - 1);
+  return n < 1 ? 1 : n < c.cap3 ? n : c.cap3;
+}
+
 // Whether the scan has a step to take (cp.cuh, stage 2): a sequence of three segments or more, or a
 // final state wanted (the last step's only product). With computed lists the host knows the
 // longest sequence (at most T tokens where there is one, else the common length); otherwise the
