@@ -145,14 +145,9 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   p1.map_o_token = static_cast<std::int64_t>(p.num_heads) * dk;
   p1.value_blocks = p.dv / dvb1;
   p1.cp_pairs = c.pairs && dvb1 == 128 && p.dv == 128 && dk == 128 && p.map_end == nullptr;
-  // With computed lists the host knows how many entries are real; the rest of cap1 is padding,
-  // whose CTAs would only start and exit (after the others, where the grid fills the SMs).
-  std::int64_t z1 = c.cap1;
-  if (computed)
-    z1 = p.num_seqs == 1 ? std::max<std::int64_t>(1, (p.tokens + c.seg - 1) / c.seg)
-                         : static_cast<std::int64_t>(p.num_seqs) * p.cp_per_seq;
+  // Only the list's real entries get CTAs (cp_list_entries).
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
-                static_cast<unsigned>(std::min<std::int64_t>(std::min(z1, c.cap1), 65535)));
+                static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));
   err = launch_fused_encoded(k1, p1, maps, g1, stream, /*after=*/true);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
@@ -167,11 +162,9 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
     if (err != cudaSuccess) return err;
   }
 
-  // Only list 3's entries that hold a segment get CTAs (cp_fix_entries; as for stage 1 above).
-  const std::int64_t z3 = cp_fix_entries(p, c, computed);
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
   const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,
-                static_cast<unsigned>(std::min<std::int64_t>(z3, 65535)));
+                static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, true), 65535)));
   const bool bf16 = k1.dtype == DType::bf16;
   using BF = __nv_bfloat16;
   if (bf16 && dk == 128)

@@ -41,15 +41,19 @@ inline bool cp_compute_lists(ChunkedParams& p, const CpLayout& c) {
   return true;
 }
 
-// How many of list 3's first entries the correction (stage 3) gets CTAs for: with computed lists
-// only those that hold a segment, nseg - 1 for one sequence and cp_per_seq - 1 per sequence of
-// equal lengths (at least 1: a grid is never empty); otherwise cap3. cap3 = T / seg only bounds
-// them: one sequence in two segments has one such entry where cap3 is 2.
-inline std::int64_t cp_fix_entries(const ChunkedParams& p, const CpLayout& c, bool computed) {
-  if (!computed) return c.cap3;
-  const std::int64_t n = p.num_seqs == 1 ? (p.tokens > c.seg ? (p.tokens + c.seg - 1) / c.seg - 1 : 0)
-                                         : static_cast<std::int64_t>(p.num_seqs) * (p.cp_per_seq - 1);
-  return n < 1 ? 1 : n < c.cap3 ? n : c.cap3;
+// How many of a list's first entries get CTAs: with computed lists only those that hold a walk
+// or a segment, the rest being padding whose CTAs would only start and exit (a list's length only
+// bounds them); otherwise the whole list. List 1 (stage 1): nseg for one sequence, cp_per_seq per
+// sequence of equal lengths. List 3 (the correction): one fewer each (a sequence's first segment
+// needs no correction), so one sequence in two segments has one where cap3 = T / seg is 2. At
+// least 1: a grid is never empty.
+inline std::int64_t cp_list_entries(const ChunkedParams& p, const CpLayout& c, bool computed, bool fix) {
+  const std::int64_t cap = fix ? c.cap3 : c.cap1;
+  if (!computed) return cap;
+  const std::int64_t segs = p.num_seqs == 1 ? (p.tokens > c.seg ? (p.tokens + c.seg - 1) / c.seg : 1)
+                                            : static_cast<std::int64_t>(p.num_seqs) * p.cp_per_seq;
+  const std::int64_t n = segs - (fix ? (p.num_seqs == 1 ? 1 : p.num_seqs) : 0);
+  return n < 1 ? 1 : n < cap ? n : cap;
 }
 
 // Whether the scan has a step to take (cp.cuh, stage 2): a sequence of three segments or more, or a

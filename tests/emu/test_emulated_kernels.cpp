@@ -615,12 +615,16 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     ASSERT_TRUE(same(cuda::cp_walk_entry(p, nullptr, i, false), list1[static_cast<std::size_t>(i)])) << "list 1, " << i;
   for (std::int64_t i = 0; computed && i < layout.cap3; ++i)
     ASSERT_TRUE(same(cuda::cp_walk_entry(p, nullptr, i, true), list3[static_cast<std::size_t>(i)])) << "list 3, " << i;
-  // The correction's grid (launch_cp) covers exactly list 3's entries that hold a segment.
-  const std::int64_t fix_entries = cuda::cp_fix_entries(p, layout, computed);
-  for (std::int64_t i = 0; i < layout.cap3; ++i) {
-    const cuda::WalkSpan& w = list3[static_cast<std::size_t>(i)];
-    if (w.begin < w.end) ASSERT_LT(i, fix_entries) << "list 3 entry " << i << " holds a segment past the grid";
-    else if (computed && layout.cap3 > 1) ASSERT_GE(i, fix_entries) << "list 3 entry " << i << " is empty in the grid";
+  // The grids of stage 1 and of the correction (launch_cp) cover exactly the lists' entries that
+  // hold a walk or a segment.
+  for (const bool fix : {false, true}) {
+    const std::vector<cuda::WalkSpan>& list = fix ? list3 : list1;
+    const std::int64_t entries = cuda::cp_list_entries(p, layout, computed, fix);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const auto k = static_cast<std::int64_t>(i);
+      if (list[i].begin < list[i].end) ASSERT_LT(k, entries) << "list " << (fix ? 3 : 1) << " entry " << i << " holds a walk past the grid";
+      else if (computed && list.size() > 1) ASSERT_GE(k, entries) << "list " << (fix ? 3 : 1) << " entry " << i << " is empty in the grid";
+    }
   }
   const cuda::WalkSpan* const l1 = computed ? nullptr : list1.data();
   const cuda::WalkSpan* const l3 = computed ? nullptr : list3.data();
