@@ -486,7 +486,11 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
           const int idx = lane + 32 * k, rr = idx / 4, c8 = 8 * (idx % 4), r = rbase + rr;
           if (r < e) {
             T* const at = static_cast<T*>(p.o) + r * p.o_token + h * p.o_head + v0 + 32 * half + c8;
-            const float* const x = stage + rr * SP + c8;
+            // Two 16-byte loads (the compiler split a plain read into eight 32-bit loads, 4-way
+            // bank conflicts); at pitch 36 the two rows of a quarter warp fall in distinct banks.
+            const float4 x0 = *reinterpret_cast<const float4*>(stage + rr * SP + c8);
+            const float4 x1 = *reinterpret_cast<const float4*>(stage + rr * SP + c8 + 4);
+            const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             std::uint32_t* const u = reinterpret_cast<std::uint32_t*>(&ov[half][k]);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
