@@ -335,33 +335,11 @@ __host__ __device__ constexpr std::size_t cp_fix_smem_bytes() {
   return 2 * kCpFixTileBytes<DK> + 4 * 16 * std::size_t(kCpFixStagePitch) * 4 + kSwizzleAtomBytes;
 }
 
-// The order of the keys in the correction's products. A lane's A fragments of one row (mma.sync's
-// layout: keys 16 kk + 8 h + 2 t + e for k-steps kk, halves h, pairs e) are read from memory as
-// 16-byte pieces: lane t's piece j is keys [8 (4 j + t), + 8) of the row, in which word w holds
-// k-step 2 j + w / 2, half w % 2. So product key kl stands for memory key cp_fix_memory_key(kl),
-// and E's rows are laid out in B in that order too (any order of the keys gives the same sum).
-__host__ __device__ constexpr int cp_fix_memory_key(int kl) {
-  const int kk = kl / 16, h = (kl / 8) % 2, t = (kl % 8) / 2, e = kl % 2;
-  return 32 * (kk / 2) + 8 * t + 2 * (2 * (kk % 2) + h) + e;
-}
-// The order is a permutation of [0, dk) (dk a multiple of 32).
-template <int DK>
-constexpr bool cp_fix_keys_permute() {
-  bool seen[DK] = {};
-  for (int kl = 0; kl < DK; ++kl) {
-    const int m = cp_fix_memory_key(kl);
-    if (m < 0 || m >= DK || seen[m]) return false;
-    seen[m] = true;
-  }
-  return true;
-}
-static_assert(cp_fix_keys_permute<64>() && cp_fix_keys_permute<128>());
-
 // Stage 3 for (value columns [64 (blockIdx.x % dv/64), + 64), part blockIdx.x / (dv/64) of each
 // segment, head blockIdx.y, list-3 entries blockIdx.z, + gridDim.z, ..), one warpgroup: for each
 // chunk of 64 rows t, o_t += map_o[t] E (E: dk x 64 of the segment's start state) on wgmma
-// (m64n64k16), map_o's rows as A from registers (warp w: rows 16 w .. 16 w + 15, loaded 16 bytes
-// at a time: cp_fix_memory_key) and E as B from shared memory, split into hi + lo = E to about
+// (m64n64k16), map_o's rows as A from registers (warp w: rows 16 w .. 16 w + 15, each k-step's
+// fragment one 16-byte load: map_o_piece) and E as B from shared memory, split into hi + lo = E to about
 // 2^-16 relative. The products pass through shared memory so that o is read and written 16 bytes
 // at a time (the CUDA backend requires o 16-byte aligned with strides of multiples of 8 elements).
 // es: cp_fix_smem_bytes<DK>().
@@ -376,7 +354,6 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
   unsigned char* const lo = hi + TB;
   float* const stage = reinterpret_cast<float*>(lo + TB) + warp * 16 * SP;
   const std::int64_t cs = p.state_vk ? DK : 1, ds = p.state_vk ? 1 : p.dv;  // column, key strides
-  const std::int64_t mrow = static_cast<std::int64_t>(p.num_heads) * DK;  // map_o's token stride
   // B's k-step kk (16 product keys) of the hi or lo tile: column block kk / 4, 32 bytes per step.
   const std::uint64_t dhi = gmma_desc(hi, 16, 1024), dlo = gmma_desc(lo, 16, 1024);
   grid_dependency_wait();
@@ -404,7 +381,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
       for (int u = 0; u < kBatch; ++u) {
         const int idx = (u0 + u) * kCpFixThreads + tid, n = idx % NC, q8 = idx / NC;
 #pragma unroll
-        for (int q = 0; q < 8; ++q) xb[u][q] = src[n * cs + cp_fix_memory_key(8 * q8 + q) * ds];
+        for (int q = 0; q < 8; ++q) xb[u][q] = src[n * cs + (8 * q8 + q) * ds];
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -423,21 +400,19 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
     }
     gmma_smem_fence();  // the tiles' stores, before wgmma reads them
     __syncthreads();
-    // This lane's A fragments of one chunk: rows r0, r0 + 8, DK / 32 pieces of 16 bytes each.
-    // Rows at and past e read row e - 1 instead: a row of the product depends on its own row of A
-    // alone, and those rows' results are not stored. Unconditional loads stay in flight through
-    // the o update (a zero select after each one had waited for it there).
+    // This lane's A fragments of one chunk (warp w: rows 16 w .. + 15), one 16-byte piece per
+    // k-step (map_o_piece). A block at or past e reads the block holding row e - 1 instead, which
+    // stage 1 wrote: a row of the product depends on its own row of A alone, and those rows'
+    // results are not stored. Rows past e in that block hold zeros or finite values.
     std::uint32_t a[DK / 16][4];
+    const std::int64_t shift = 16 * static_cast<std::int64_t>(w.seq);
     auto load_a = [&](int c0) {
-      const int r0 = c0 + 16 * warp + g, r1 = r0 + 8;
-      const T* const m0 = map_o + static_cast<std::int64_t>(r0 < e ? r0 : e - 1) * mrow + h * DK + 8 * t;
-      const T* const m1 = map_o + static_cast<std::int64_t>(r1 < e ? r1 : e - 1) * mrow + h * DK + 8 * t;
+      const int r = c0 + 16 * warp < e ? c0 + 16 * warp : c0 + 16 * ((e - 1 - c0) / 16);
+      const T* const m = map_o + map_o_piece(r + shift, h, 0, lane, p.num_heads, DK);
 #pragma unroll
-      for (int j = 0; j < DK / 32; ++j) {
-        const uint4 x0 = *reinterpret_cast<const uint4*>(m0 + 32 * j);
-        const uint4 x1 = *reinterpret_cast<const uint4*>(m1 + 32 * j);
-        a[2 * j][0] = x0.x, a[2 * j][2] = x0.y, a[2 * j + 1][0] = x0.z, a[2 * j + 1][2] = x0.w;
-        a[2 * j][1] = x1.x, a[2 * j][3] = x1.y, a[2 * j + 1][1] = x1.z, a[2 * j + 1][3] = x1.w;
+      for (int kk = 0; kk < DK / 16; ++kk) {
+        const uint4 x = *reinterpret_cast<const uint4*>(m + 256 * kk);
+        a[kk][0] = x.x, a[kk][1] = x.y, a[kk][2] = x.z, a[kk][3] = x.w;
       }
     };
     load_a(b);

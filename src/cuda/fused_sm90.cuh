@@ -788,9 +788,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         // A tail chunk: each warpgroup zeroes the rows of its own 64 V columns that the walk reads
         // past the end, [nrows, 16 nb) (TMA filled them from the next sequence; at most 15 rows of
         // 8 16-byte words: one store per thread).
-        const int idx = tid % 128, r = nrows + idx / 8;
+        // (The thread's indices from an opaque tid: hoisted out of the walk, they had spilled.)
+        const int ot = opaque(tid), idx = ot % 128, r = nrows + idx / 8;
         if (r < 16 * ((nrows + 15) / 16))
-          *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (tid / 128) * (C * 128) +
+          *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (ot / 128) * (C * 128) +
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
       if constexpr (!F::kAuxP)
@@ -801,13 +802,18 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
-      // A map CTA's "o" rows (the start state's share of o) go to map_o, [T, H, dk]. Recomputed
-      // per chunk from the parameters (opaque: not held in registers across the walk).
-      const bool to_map = opaque(static_cast<int>(is_map)) != 0;
-      const std::int64_t o_token = to_map ? p.map_o_token : p.o_token;
-      T* const orow0 = (to_map ? static_cast<T*>(p.map_o) + static_cast<std::int64_t>(h) * DK
-                               : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head) +
-                       v0 + l.cw + c0 * o_token;
+      // A map CTA's "o" rows (the start state's share of o) go to map_o in the correction's
+      // fragment order (map_o_piece; walk_chunk's negative o_token). Recomputed per chunk from the
+      // parameters (opaque: not held in registers across the walk).
+      const bool to_map = F::kWalks && opaque(static_cast<int>(is_map)) != 0;
+      const std::int64_t o_token = to_map ? -p.map_o_token : p.o_token;
+      // (The map piece's lane and k-step from an opaque thread index: kept from before the walk,
+      // they cost the walk-list kernels a spilled register.)
+      const int mt = opaque(tid);
+      const int mkk = (to_map ? (static_cast<int>(blockIdx.x) - p.value_blocks) * (F::DVB / 16) : 0) + mt / 32;
+      const std::int64_t mrow = c0 + 16 * static_cast<std::int64_t>(to_map ? walk_entry(order, i).seq : 0);
+      T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(mrow, h, mkk, mt % 32, p.num_heads, DK)
+                              : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw + c0 * o_token;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
       if (nrows > 0) {}
       else

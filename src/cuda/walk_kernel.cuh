@@ -255,9 +255,14 @@ struct MmaSyncWalk {
 
 // One chunk step for one warp's 16 value columns, the chunk holding NB 16-row blocks (rows past
 // nrows are zero). Updates st in place and stores rows [0, nrows) of O at orow0 (row 0 of the
-// chunk, this warp's first column). The products come from the policy W, in two calls that let an
-// asynchronous policy wait only where a result is needed: kq_vn (K S and Q S, then Xt, then Vn)
-// and out_state (P Vn into O and Vd K into S', the O store and the decay of St between them).
+// chunk, this warp's first column; o_token elements from one row to the next). A negative o_token
+// (a split's map CTAs) stores, where nrows > 0, every row of the NB blocks in map_o's fragment order
+// instead (map_o_piece): orow0 is then this lane's piece of block 0, and a block's piece is
+// -16 o_token elements after the one before (the sign, not a flag, so that the walk-list kernels
+// keep no extra register live through the step). The products come from the policy W, in two
+// calls that let an asynchronous policy wait only where a result is needed: kq_vn (K S and Q S,
+// then Xt, then Vn) and out_state (P Vn into O and Vd K into S', the O store and the decay of St
+// between them).
 template <class W, int NB>
 __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
                                            const WalkLane& l, bool zero_state, int nrows, float scale,
@@ -353,6 +358,14 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     for (int i = 0; i < 2 * NB; ++i) {
       ov[i][0] = movmatrix_trans(pack2<T>(qs[i][0], qs[i][1]));
       ov[i][1] = movmatrix_trans(pack2<T>(qs[i][2], qs[i][3]));
+    }
+    if (o_token < 0) {  // the lane's A fragment of each block: tokens 16 b + g and + 8, keys 2t and 8 + 2t
+      if (nrows <= 0) return;  // nothing stored (nrows: the rows to store)
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        *reinterpret_cast<uint4*>(orow0 - b * 16 * o_token) =
+            make_uint4(ov[2 * b][0], ov[2 * b + 1][0], ov[2 * b][1], ov[2 * b + 1][1]);
+      return;
     }
     const bool all = nrows >= 16 * NB;  // every row of the NB row blocks
     T* const orow_g = orow0 + l.g * o_token + 2 * t;

@@ -622,8 +622,11 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     const std::int64_t entries = cuda::cp_list_entries(p, layout, computed, fix);
     for (std::size_t i = 0; i < list.size(); ++i) {
       const auto k = static_cast<std::int64_t>(i);
-      if (list[i].begin < list[i].end) ASSERT_LT(k, entries) << "list " << (fix ? 3 : 1) << " entry " << i << " holds a walk past the grid";
-      else if (computed && list.size() > 1) ASSERT_GE(k, entries) << "list " << (fix ? 3 : 1) << " entry " << i << " is empty in the grid";
+      if (list[i].begin < list[i].end) {
+        ASSERT_LT(k, entries) << "list " << (fix ? 3 : 1) << " entry " << i << " holds a walk past the grid";
+      } else if (computed && list.size() > 1) {
+        ASSERT_GE(k, entries) << "list " << (fix ? 3 : 1) << " entry " << i << " is empty in the grid";
+      }
     }
   }
   const cuda::WalkSpan* const l1 = computed ? nullptr : list1.data();
@@ -652,8 +655,11 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   const std::size_t slots = static_cast<std::size_t>(layout.slots * s.H);
   std::vector<float> E(std::max<std::size_t>(slots, 1) * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
   std::vector<float> M(std::max<std::size_t>(slots, 1) * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
-  // map_o poisoned: a row the correction reads and stage 1 did not write gives NaN in o.
-  std::vector<T> map_o(static_cast<std::size_t>(std::max<std::int64_t>(s.T, 1) * s.H * s.dk));
+  // map_o poisoned: a row the correction reads and stage 1 did not write gives NaN in o. Its size
+  // is cp_workspace's ((T + 16 N) x H x dk, map_o_piece), followed by guard elements that must stay
+  // poisoned.
+  const std::size_t map_o_size = static_cast<std::size_t>((s.T + 16 * n) * s.H * s.dk), kGuard = 4096;
+  std::vector<T> map_o(map_o_size + kGuard);
   std::fill(map_o.begin(), map_o.end(), T{test::kNaN16});
   const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
   std::vector<int> map_end(std::max<std::size_t>(slots, 1) * 2, -1);
@@ -691,6 +697,11 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
                 static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
            cuda::kCpFixThreads,
            [&] { cuda::cp_fix_cta<T, DK>(p, l3, layout.cap3, E.data(), map_o.data(), cuda::smem_raw, threadIdx.x); });
+  for (std::size_t i = map_o_size; i < map_o.size(); ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, &map_o[i], sizeof bits);
+    ASSERT_EQ(bits, test::kNaN16) << "map_o guard element " << i - map_o_size << " written";
+  }
   if (E_out) *E_out = E;
 }
 
