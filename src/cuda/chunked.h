@@ -61,6 +61,47 @@ __host__ __device__ constexpr std::int64_t map_o_piece(std::int64_t row0, int h,
   return (row0 * heads + 16 * h) * dk + 256 * kk + 8 * lane;
 }
 
+// A transfer map's layout (ChunkedParams::map_out, dk x dk fp32 per map and head), in the order
+// the scan reads it as the A operand of m16n8k8 (tf32): for warp w (rows 16 w .. + 15) and k-step
+// ks (columns 8 ks .. + 7), lane L's four words a0 .. a3 = M[16 w + L / 4 (+ 8)][8 ks + L % 4 (+ 4)]
+// are 16 contiguous bytes, and a warp's k-step 512.
+template <int DK>
+__host__ __device__ constexpr int map_m_index(int i, int c) {
+  const int w = i / 16, g = i % 8, hh = (i / 8) % 2, ks = c / 8, t = c % 4, half = (c / 4) % 2;
+  return ((w * (DK / 8) + ks) * 32 + 4 * g + t) * 4 + hh + 2 * half;
+}
+template <int DK>
+constexpr bool map_m_index_permutes() {  // every element of M at its own place in [0, DK^2)
+  bool seen[DK * DK] = {};
+  for (int i = 0; i < DK; ++i)
+    for (int c = 0; c < DK; ++c) {
+      const int x = map_m_index<DK>(i, c);
+      if (x < 0 || x >= DK * DK || seen[x]) return false;
+      seen[x] = true;
+    }
+  return true;
+}
+static_assert(map_m_index_permutes<64>() && map_m_index_permutes<128>());
+// A state tile lane's element (j, e) (M[8 j + 2t + e % 2][col + 8 (e / 2)], col = the lane's column,
+// a multiple of 16 plus g) relative to its element (0, 0): the same for every lane.
+template <int DK>
+__host__ __device__ constexpr int map_m_tile_offset(int j, int e) {
+  return (j / 2 * (DK / 8) + e / 2) * 128 + 16 * (e % 2) + j % 2;
+}
+template <int DK>
+constexpr bool map_m_tile_offsets_hold() {
+  for (int col = 0; col < DK; ++col)
+    for (int t = 0; t < 4; ++t)
+      for (int j = 0; j < DK / 8; ++j)
+        for (int e = 0; e < 4; ++e)
+          if ((col + 8 * (e / 2)) < DK &&
+              map_m_index<DK>(8 * j + 2 * t + e % 2, col + 8 * (e / 2)) - map_m_index<DK>(2 * t, col) !=
+                  map_m_tile_offset<DK>(j, e))
+            return false;
+  return true;
+}
+static_assert(map_m_tile_offsets_hold<64>() && map_m_tile_offsets_hold<128>());
+
 // Everything the kernel reads, resolved on the host. Strides are in elements. Pointers are the
 // caller's; the kernel never writes through an input pointer.
 struct ChunkedParams {
@@ -120,7 +161,8 @@ struct ChunkedParams {
   int cp_seg = 0, cp_per_seq = 0;
   const float* walk_states = nullptr;
   // With a walk list, end states named by WalkSpan::state_out ([index, H, dk, dv], state layout),
-  // and the transfer maps of WalkSpan::map ([index, H, dk, dk], column-major: M[i][c] at c dk + i).
+  // and the transfer maps of WalkSpan::map ([index, H] of dk x dk each, in the scan's A-fragment
+  // order: M[i][c] at map_m_index).
   // map_out set: CTAs with blockIdx.x >= value_blocks are map CTAs, covering dk / DVB column
   // blocks of M (grid.x = value_blocks + dk / DVB).
   float* walk_out = nullptr;

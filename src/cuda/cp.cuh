@@ -121,17 +121,16 @@ __host__ __device__ constexpr std::size_t cp_scan_smem_bytes() {
 // in shared memory) on mma.sync m16n8k8 with tf32 operands split as hi + lo (three products per
 // tile in three accumulators: hi hi + hi lo + lo hi, error ~2^-21 per product, as the inverse's;
 // tests/cpu/test_inverse.cpp), the lane holding rows 16 w + g, + 8 and columns 2 t, 2 t + 1. Each
-// step's M (column-major) arrives in shared memory by one bulk copy that thread 0 issues two steps
-// ahead, on the step's buffer's mbarrier. Its A fragments' loads are 4-way bank conflicts (the four
-// t of a row are DK words apart); M copied column by column to a padded pitch instead (DK copies
-// of DK floats) made each step wait for the copies: 12% slower on qwen35tp8-2x8-b1-t8192, where
-// this step is 2-4% faster than the FFMA step it replaced (perf-notes).
+// step's M arrives in shared memory by one bulk copy that thread 0 issues two steps ahead, on the
+// step's buffer's mbarrier, in the A-fragment order stage 1 stored it in (map_m_index): each
+// k-step's fragment is one 16-byte load, a warp's 512 contiguous bytes (column-major M had cost
+// 4-way bank conflicts; copied by columns to a padded pitch, the copies set the step: perf-notes).
 // E is in p's state layout. sm: cp_scan_smem_bytes<DK>(), 16-byte aligned.
 template <int DK>
 __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* seq_slots, float* E, const float* M,
                                             unsigned char* sm, int tid) {
   constexpr int NC = kCpScanCols, P = DK;
-  float* const mbuf = reinterpret_cast<float*>(sm);  // [2][DK columns k][DK]: M[i][k] at k DK + i
+  float* const mbuf = reinterpret_cast<float*>(sm);  // [2][DK x DK], M[i][k] at map_m_index<DK>(i, k)
   float* const xs = mbuf + 2 * DK * P;               // [DK][NC]
   std::uint64_t* const bar = reinterpret_cast<std::uint64_t*>(xs + DK * NC);
   const int h = blockIdx.y, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -219,15 +218,18 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     if (s + 1 < steps) load(E, base + s + 1, nxt);
     const bool skip = cut(s);
     if (!skip) {  // else E_s = N_s: X is not read
-      const float* const m = mbuf + (s & 1) * DK * P + 16 * warp + g;
+      // This warp's fragments of M (map_m_index): k-step ks at m + 128 ks.
+      const float* const m = mbuf + (s & 1) * DK * P + (warp * (DK / 8) * 32 + lane) * 4;
       mbar_wait(&bar[s & 1], (phase >> (s & 1)) & 1);
       phase ^= 1u << (s & 1);
       __syncthreads();  // X of the previous step written
       float d[3][4] = {};  // lo hi, hi lo, hi hi
 #pragma unroll 4
       for (int k0 = 0; k0 < DK; k0 += 8) {
-        // A = M rows 16 w .., columns k0 ..: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4).
-        const float av[4] = {m[(k0 + t) * P], m[(k0 + t) * P + 8], m[(k0 + t + 4) * P], m[(k0 + t + 4) * P + 8]};
+        // A = M rows 16 w .., columns k0 ..: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4),
+        // one 16-byte load (a warp reads 512 contiguous bytes: no bank conflicts).
+        const float4 a4 = *reinterpret_cast<const float4*>(m + 16 * k0);
+        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
         // B = X rows k0 .., columns 0 .. 7: b0 (t, g), b1 (t + 4, g).
         const float bv[2] = {xs[(k0 + t) * NC + g], xs[(k0 + t + 4) * NC + g]};
         std::uint32_t ah[4], al[4], bh[2], bl[2];

@@ -834,8 +834,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       const int col = v0 + l.cw + l.g;
       if (is_map) {
         if (w.map >= 0)
-          store_tiles<DK>(st, p.map_out, (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK + col * DK + 2 * l.t,
-                          DK, 1);
+          store_map_tiles<DK>(st, p.map_out + (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK, col, l.t);
         continue;
       }
       if (w.state_out >= 0) store_state_tiles<DK>(st, p, p.walk_out, lane_state_offset<DK>(p, w.state_out, h, col, l.t));

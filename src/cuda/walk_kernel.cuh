@@ -420,6 +420,18 @@ __device__ __forceinline__ void store_tiles(const float (&st)[DK / 8][4], float*
 #pragma unroll
     for (int e = 0; e < 4; ++e) dst[base + 8 * (e / 2) * cs + (8 * j + e % 2) * ds] = st[j][e];
 }
+// The lane's tiles of a map walk's end state (the transfer map M, St = M^T: tile j holds M[8 j + 2t
+// (+ 1)][col (+ 8)]) into dst, one map and head of ChunkedParams::map_out (map_m_index).
+// Element (j, e) lies map_m_tile_offset(j, e) after the lane's element (0, 0): one base register,
+// the rest immediates (chunked.h checks the identity for every lane).
+template <int DK>
+__device__ __forceinline__ void store_map_tiles(const float (&st)[DK / 8][4], float* dst, int col, int t) {
+  float* const base = dst + opaque(map_m_index<DK>(2 * t, col));
+#pragma unroll
+  for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) base[map_m_tile_offset<DK>(j, e)] = st[j][e];
+}
 // The lane's tiles into dst, a state tensor of p's layout ([index, H, dk, dv] or [.., dv, dk]).
 template <int DK>
 __device__ __forceinline__ void store_state_tiles(const float (&st)[DK / 8][4], const ChunkedParams& p, float* dst,
