@@ -656,9 +656,9 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   std::vector<float> E(std::max<std::size_t>(slots, 1) * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
   std::vector<float> M(std::max<std::size_t>(slots, 1) * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
   // map_o poisoned: a row the correction reads and stage 1 did not write gives NaN in o. Its size
-  // is cp_workspace's ((T + 16 N) x H x dk, map_o_piece), followed by guard elements that must stay
+  // is cp_workspace's ((T + 16 slots) x H x dk, map_o_piece), followed by guard elements that must stay
   // poisoned.
-  const std::size_t map_o_size = static_cast<std::size_t>((s.T + 16 * n) * s.H * s.dk), kGuard = 4096;
+  const std::size_t map_o_size = static_cast<std::size_t>((s.T + 16 * layout.slots) * s.H * s.dk), kGuard = 4096;
   std::vector<T> map_o(map_o_size + kGuard);
   std::fill(map_o.begin(), map_o.end(), T{test::kNaN16});
   const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
