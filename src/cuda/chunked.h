@@ -50,14 +50,13 @@ constexpr std::int32_t kStateZero = -2;  // WalkSpan::state_in: start from zero
 // launch of a walk-list variant needs num_walks <= kCtaWalks x grid.z.
 constexpr int kCtaWalks = static_cast<int>(kWalkOrderBytes / sizeof(WalkSpan));
 
-// map_o's layout (ChunkedParams::map_o): the 16 rows of a chunk's 16-row block b in a segment
-// whose map slot is m (WalkSpan::map; tokens t0 .. t0 + 15, t0 = chunk start + 16 b) and head h
-// form one piece of 16 x dk elements at row0 = t0 + 16 m, in which k-step kk (keys 16 kk .. + 15)
-// of lane L is the 16-byte A fragment of an m64nNk16 wgmma (tokens t0 + L / 4 and + 8, keys
-// 16 kk + 2 (L % 4), + 1 and + 8, + 9): one 16-byte store per lane in stage 1, one 16-byte load
-// straight into the fragment in the correction. Map slots grow with the tokens, so the shift 16 m
-// keeps a segment's last block, whose rows past the sequence's end are stored as zeros, clear of
-// the next segment's first; map_o holds T + 16 x (the split's slots) rows.
+// map_o's layout (ChunkedParams::map_o): the 16 rows of a chunk's 16-row block b (tokens t0 ..
+// t0 + 15, t0 = chunk start + 16 b) of head h form one piece of 16 x dk elements at row t0, in
+// which k-step kk (keys 16 kk .. + 15) of lane L is the 16-byte A fragment of an m64nNk16 wgmma
+// (tokens t0 + L / 4 and + 8, keys 16 kk + 2 (L % 4), + 1 and + 8, + 9): one 16-byte store per
+// lane in stage 1, one 16-byte load straight into the fragment in the correction. A sequence's
+// last block reaches up to 15 rows past its end (stored as zeros there): into the next sequence's
+// first segment, which has no map walk and so no map_o rows, or past T (map_o has T + 16 rows).
 __host__ __device__ constexpr std::int64_t map_o_piece(std::int64_t row0, int h, int kk, int lane, int heads, int dk) {
   return (row0 * heads + 16 * h) * dk + 256 * kk + 8 * lane;
 }
@@ -176,7 +175,7 @@ struct ChunkedParams {
   bool cp_pairs = false;
   // The map CTAs' output rows, of the input type (null: they store none): row t of head h is the
   // linear map from the walk's start state to o_t (o_t += map_o[t, h, :] . E), stored in the
-  // correction's A-fragment order (map_o_piece), (T + 16 CpLayout::slots) x H x dk elements.
+  // correction's A-fragment order (map_o_piece), (T + 16) x H x dk elements.
   void* map_o = nullptr;
   std::int64_t map_o_token = 0;  // H dk
   // The decay shortcut (cp.cuh, cp_stop_cta; null: exact): for map slot m and head h,

@@ -28,7 +28,7 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
   w.states = w.seq_slots + align256(static_cast<std::size_t>(seqs) * 2 * sizeof(int));
   w.maps = w.states + align256(slots * dk * dv * sizeof(float));
   w.map_o = w.maps + align256(slots * dk * dk * sizeof(float));
-  w.map_end = w.map_o + align256(static_cast<std::size_t>(tokens + 16 * c.slots) * heads * dk * 2);  // map_o_piece
+  w.map_end = w.map_o + align256(static_cast<std::size_t>(tokens + 16) * heads * dk * 2);  // map_o_piece
   w.bytes = w.map_end + align256(slots * 2 * sizeof(int));
   return w;
 }

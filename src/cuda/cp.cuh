@@ -407,10 +407,9 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
     // stage 1 wrote: a row of the product depends on its own row of A alone, and those rows'
     // results are not stored. Rows past e in that block hold zeros or finite values.
     std::uint32_t a[DK / 16][4];
-    const std::int64_t shift = 16 * static_cast<std::int64_t>(w.map);  // map_o_piece
     auto load_a = [&](int c0) {
       const int r = c0 + 16 * warp < e ? c0 + 16 * warp : c0 + 16 * ((e - 1 - c0) / 16);
-      const T* const m = map_o + map_o_piece(r + shift, h, 0, lane, p.num_heads, DK);
+      const T* const m = map_o + map_o_piece(r, h, 0, lane, p.num_heads, DK);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) {
         const uint4 x = *reinterpret_cast<const uint4*>(m + 256 * kk);

@@ -66,7 +66,7 @@ inline bool cp_needs_scan(const ChunkedParams& p, const CpLayout& c, bool comput
 }
 
 // The workspace of one split call: the two lists, the per-sequence slot table, the segments' end
-// states E and maps M, and the map CTAs' output rows ((T + 16 slots) x H x dk, 16-bit, map_o_piece).
+// states E and maps M, and the map CTAs' output rows ((T + 16) x H x dk, 16-bit, map_o_piece).
 struct CpWorkspace {
   std::size_t list1 = 0, list3 = 0, seq_slots = 0, states = 0, maps = 0, map_o = 0, map_end = 0,
               bytes = 0;  // offsets, total

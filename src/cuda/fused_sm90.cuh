@@ -811,8 +811,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // they cost the walk-list kernels a spilled register.)
       const int mt = opaque(tid);
       const int mkk = (to_map ? (static_cast<int>(blockIdx.x) - p.value_blocks) * (F::DVB / 16) : 0) + mt / 32;
-      const std::int64_t mrow = c0 + 16 * static_cast<std::int64_t>(to_map ? walk_entry(order, i).map : 0);
-      T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(mrow, h, mkk, mt % 32, p.num_heads, DK)
+      T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(c0, h, mkk, mt % 32, p.num_heads, DK)
                               : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw + c0 * o_token;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
       if (nrows > 0) {}

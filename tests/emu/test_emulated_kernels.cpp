@@ -629,6 +629,22 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
       }
     }
   }
+  // map_o's pieces (map_o_piece): the 16-row blocks the map walks store lie inside T + 16 rows
+  // and no two overlap (a block reaching past a sequence's end stores zeros there, which must not
+  // land on another segment's rows).
+  {
+    std::vector<std::int64_t> blocks;  // row0 of each: rows [row0, row0 + 16)
+    for (const auto& w : list1) {
+      if (w.map < 0 || w.begin >= w.end) continue;
+      for (std::int64_t c0 = w.begin; c0 < w.end; c0 += cuda::kChunk)
+        for (std::int64_t b = 0; b < 4 && c0 + 16 * b < w.end; ++b) blocks.push_back(c0 + 16 * b);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      ASSERT_LE(blocks[i] + 16, s.T + 16) << "map_o block at row " << blocks[i];
+      if (i > 0) ASSERT_GE(blocks[i], blocks[i - 1] + 16) << "map_o blocks overlap at row " << blocks[i];
+    }
+  }
   const cuda::WalkSpan* const l1 = computed ? nullptr : list1.data();
   const cuda::WalkSpan* const l3 = computed ? nullptr : list3.data();
   const int* const slots_in = computed ? nullptr : seq_slots.data();
@@ -656,9 +672,9 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   std::vector<float> E(std::max<std::size_t>(slots, 1) * s.dk * s.dv, std::numeric_limits<float>::quiet_NaN());
   std::vector<float> M(std::max<std::size_t>(slots, 1) * s.dk * s.dk, std::numeric_limits<float>::quiet_NaN());
   // map_o poisoned: a row the correction reads and stage 1 did not write gives NaN in o. Its size
-  // is cp_workspace's ((T + 16 slots) x H x dk, map_o_piece), followed by guard elements that must stay
+  // is cp_workspace's ((T + 16) x H x dk, map_o_piece), followed by guard elements that must stay
   // poisoned.
-  const std::size_t map_o_size = static_cast<std::size_t>((s.T + 16 * layout.slots) * s.H * s.dk), kGuard = 4096;
+  const std::size_t map_o_size = static_cast<std::size_t>((s.T + 16) * s.H * s.dk), kGuard = 4096;
   std::vector<T> map_o(map_o_size + kGuard);
   std::fill(map_o.begin(), map_o.end(), T{test::kNaN16});
   const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
