@@ -85,7 +85,8 @@ if has sanitize; then
   # compute-sanitizer's four tools on the CLI: a mixed varlen batch (empty and 1-token sequences,
   # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the
   # fused kernel required by name on a small and a medium batch, and its 64-column variant; then a
-  # sequence split into segments (context parallelism), small and medium, and with the decay shortcut.
+  # sequence split into segments (context parallelism), small and medium, with the decay shortcut,
+  # and a packed batch split in value and map pairs.
   for tool in memcheck racecheck synccheck initcheck; do
     for args in "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk" \
                 "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear" \
@@ -95,7 +96,8 @@ if has sanitize; then
                 "--lens 300,1,130 --heads 2,2,4 --dv 64 --kernel cuda-fused-sm90-bf16-k128-v64" \
                 "--lens 700 --heads 1,1,2 --segments 4" \
                 "--lens 2000 --heads 2,2,8 --dk 64 --segments 9" \
-                "--lens 1500,300 --heads 2,2,4 --segments 5 --split-decay-cutoff 1e-3"; do
+                "--lens 1500,300 --heads 2,2,4 --segments 5 --split-decay-cutoff 1e-3" \
+                "--lens 2900,2048,1536,900,512,190,65,33 --heads 2,2,8 --segments 4"; do
       timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/gdnkit" $args --repeat 1 --check 1 \
         >"$OUT/sanitizer.log" 2>&1
       rc=$?; [ $rc -ne 0 ] && status=1
