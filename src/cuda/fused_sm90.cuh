@@ -16,7 +16,8 @@
 //                      share of the columns (fused_p; the aux's in the kAuxP instantiation, for
 //                      64-column pairs), then the wgmma walk's chunk step (walk_chunk
 //                      with WgmmaWalk's products), the state in registers throughout. State thread
-//                      0 issues the later chunks' TMA copies as each step frees a stage, at the
+//                      0 issues the later chunks' TMA copies as each step frees a stage (with two
+//                      state warpgroups while the step's K S and Q S are in flight), at the
 //                      positions the aux publishes (F::ahead): the aux, the bound, issues none.
 // With two state warpgroups, registers move from the aux to them (setmaxnreg: 120 + 2 x 192 =
 // 3 x 168; below 192 for the state, ptxas serializes every wgmma of the kernel, C7512; the aux
@@ -774,14 +775,25 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       named_sync(F::kBarFull + s, F::kThreads);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's Mt (fused_paired)
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
-      // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's).
+      // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
+      // thread 0 issues them while the step's K S and Q S are in flight (walk_chunk's aside):
+      // issued here, before P, they had kept every other state warp waiting at the P barrier
+      // (5-6% slower). With one (64-column pairs, whose aux sets the step) they are issued here:
+      // later, they delayed the aux's next records (1-2% slower; docs/perf-notes.md).
+      constexpr bool kCopiesAside = F::kStateWarpgroups == 2;
+      const auto copies = [&] {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
-      if (tid == 0 && j >= 1) {
-        const int* const a = F::ahead(smem, s);
-        if (a[0] >= 0) copy.v(a[0], (j + 1) % 2);
-        if (a[1] >= 0) copy.kq(a[1], (j + 2) % 3);
-      }
+        if (tid == 0 && j >= 1) {
+          const int* const a = F::ahead(smem, s);
+          if (a[0] >= 0) copy.v(a[0], (j + 1) % 2);
+          if (a[1] >= 0) copy.kq(a[1], (j + 2) % 3);
+        }
 #endif
+      };
+      if constexpr (!kCopiesAside) copies();
+      const auto aside = [&] {
+        if constexpr (kCopiesAside) copies();
+      };
       probe.mark();
       unsigned char* const rec = F::rec(smem, s);
       if (nrows < C) {
@@ -814,14 +826,14 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(c0, h, mkk, mt % 32, p.num_heads, DK)
                               : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw + c0 * o_token;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
-      if (nrows > 0) {}
+      if (nrows > 0) aside();
       else
 #endif
       switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
-        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
-        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
-        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token); break;
+        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
+        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
+        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
+        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
       }
       named_arrive(F::kBarEmpty + s, F::kThreads);
       probe.mark();

@@ -229,10 +229,11 @@ struct MmaSyncWalk {
   }
 
   // The step's two calls (walk_chunk): mma.sync is synchronous, so they are the products in order.
-  template <int NB, class MakeX>
+  template <int NB, class MakeX, class Aside>
   __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn_acc)[2 * NB][4],
-                               const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,
+                               const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x, Aside&& aside,
                                const WalkStage<T>& S, const WalkLane& l) {
+    aside();
     if (!zero_state) kq<NB>(ks, qs, st, S, l);
     std::uint32_t xa[NB][4];
     make_x(xa);
@@ -262,11 +263,15 @@ struct MmaSyncWalk {
 // keep no extra register live through the step). The products come from the policy W, in two
 // calls that let an asynchronous policy wait only where a result is needed: kq_vn (K S and Q S,
 // then Xt, then Vn) and out_state (P Vn into O and Vd K into S', the O store and the decay of St
-// between them).
-template <class W, int NB>
+// between them). `aside` is work of the caller's that no product waits for (the fused kernel's
+// TMA copies): an asynchronous policy runs it while K S and Q S are in flight.
+struct NoAside {
+  __device__ void operator()() const {}
+};
+template <class W, int NB, class Aside = NoAside>
 __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
                                            const WalkLane& l, bool zero_state, int nrows, float scale,
-                                           typename W::T* orow0, std::int64_t o_token) {
+                                           typename W::T* orow0, std::int64_t o_token, Aside&& aside = Aside{}) {
   using T = typename W::T;
   constexpr int DK = W::DK, LDV = W::LDV;
   const int t = l.t;
@@ -312,7 +317,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     }
   };
   // K S and Q S, then Xt, then Vnt = Xt Mt^T.
-  W::template kq_vn<NB>(ks, qs, vn, st, zero_state, make_x, S, l);
+  W::template kq_vn<NB>(ks, qs, vn, st, zero_state, make_x, aside, S, l);
 
   // Ot = QSt diag(scale gam) + Vnt P^T; Vnt and Vnt diag(exp(G_last - G)) as A fragments.
   std::uint32_t na[NB][4], da[NB][4];

@@ -142,9 +142,10 @@ struct WgmmaWalk {
 
   // K S and Q S in one commit group, then Xt (make_x) and Xt Mt^T. wgmma reads its A registers
   // (St rounded, then Xt) until its group retires, so they live in this frame until its wait.
-  template <int NB, class MakeX>
+  // `aside` runs while K S and Q S are in flight (first, on a zero state).
+  template <int NB, class MakeX, class Aside>
   __device__ static void kq_vn(float (&ks)[2 * NB][4], float (&qs)[2 * NB][4], float (&vn)[2 * NB][4],
-                               const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x,
+                               const float (&st)[DK / 8][4], bool zero_state, MakeX&& make_x, Aside&& aside,
                                const WalkStage<T>& S, const WalkLane&) {
     float (&kf)[8 * NB] = flat<8 * NB>(ks);
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
@@ -165,10 +166,13 @@ struct WgmmaWalk {
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc_add(dk, k_bytes + gmma_kstep(kk, kChunk)), true);
       gmma_commit();
+      aside();
       gmma_wait<0>();
       gmma_fence(kf);
       gmma_fence(qf);
       fence_all(sa);
+    } else {
+      aside();
     }
     std::uint32_t xa[NB][4];
     make_x(xa);
