@@ -778,8 +778,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
       // thread 0 issues them while the step's K S and Q S are in flight (walk_chunk's aside):
       // issued here, before P, they had kept every other state warp waiting at the P barrier
-      // (5-6% slower). With one (64-column pairs, whose aux sets the step) they are issued here:
-      // later, they delayed the aux's next records (1-2% slower; docs/perf-notes.md).
+      // (2-6% slower on the 128-column rows). With one (64-column pairs, whose aux sets the step)
+      // they are issued here: later, they delayed the aux's next records (1-2% slower;
+      // docs/perf-notes.md).
       constexpr bool kCopiesAside = F::kStateWarpgroups == 2;
       const auto copies = [&] {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
