@@ -64,8 +64,9 @@ struct FusedSm90 {
   static constexpr bool kWalks = kWalks_;
   // P formed by the aux warpgroup with the record, in the record stage (and so copied to the peer
   // with Mt), instead of by the state warpgroup: for 64-column CTAs launched in pairs
-  // (fused_cluster_x), whose aux forms every other record and has the time, while their one state
-  // warpgroup's step is the bound. Alone (no cluster) such a CTA's aux forms every P.
+  // (fused_cluster_x), whose aux forms every other record. The peer's copy then brings the whole
+  // record (Mt, P, gam, dec), and the aux skips the peer's chunks. Alone (no cluster) such a CTA's
+  // aux forms every record and P.
   static constexpr bool kAuxP = kAuxP_;
   static_assert(!kAuxP || (DVB_ == 64 && !kWalks_), "P in the aux: the unsplit 64-column kernel");
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
@@ -124,7 +125,10 @@ struct FusedSm90 {
   static constexpr std::size_t off_bar = off_ahead + kRecStages * 2 * 4;
   static constexpr std::size_t smem_bytes = off_bar + (5 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
   static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
-  static constexpr std::uint32_t rec_copy_bytes = (kAuxP ? 3 : 2) * m_bytes;  // Mt hi and lo (and P): what a pair shares
+  // What a pair shares: Mt hi and lo; with kAuxP also P, gam and dec (the whole record: the aux then
+  // skips the peer's chunks).
+  static constexpr std::uint32_t rec_copy_bytes = kAuxP ? rec_gam + 2 * kChunk * 4 : 2 * m_bytes;
+  static_assert(rec_copy_bytes % 16 == 0 && rec_copy_bytes <= rec_bytes, "one bulk copy of the record stage");
   static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
                     rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,
                 "stages keep their alignment");
@@ -467,7 +471,8 @@ __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* or
 // CTAs of every pair walk the same chunks of the same head (two value-column blocks of 64, two
 // map-column blocks of 64 of a split's stage 1, or its value and map CTA of 128, value_map_pair),
 // so their records are equal. Rank r then forms Mt of the chunks j with j % 2 == r and copies it into the peer's stage;
-// for the others it forms only G, gam and dec and its walk waits for the peer's copy:
+// for the others it forms only G, gam and dec (with kAuxP nothing: the copy has them) and its walk
+// waits for the peer's copy:
 //   F::rec_full_bar(s)  the peer's copy of a chunk of stage s has landed (the aux arms it with the
 //                       bytes; the copy completes them), k-th use for the chunk 6k + c;
 //   F::rec_free_bar(s)  the peer's walk is done with the chunk in its stage s that it formed
@@ -570,7 +575,7 @@ __device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, 
 
 template <class F>
 __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
-                                        int tid, bool store);
+                                        int tid);
 
 // The aux warpgroup: the first chunks' copies (TMA, issued by thread 0) and every record, one
 // chunk ahead of the state warpgroups (with F::kAuxP also P).
@@ -628,13 +633,18 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                             // for this thread's outstanding loads, the next chunk's gates)
       }
 #if GDNKIT_FUSED_PROBE_SKIP != 1
-      fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
-                      reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
-                      gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !pair_from_peer<F>(j));
-      if constexpr (F::kAuxP)  // G is published (fused_record's barriers)
-        fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
-                   reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale, tid,
-                   !pair_from_peer<F>(j));
+      // With kAuxP the peer's copy brings the whole record (Mt, P, gam, dec) of its chunks: nothing
+      // to form here. (Both products' wgmma groups, issue to wait, lie inside this branch: ptxas
+      // 13.0 keeps the kernel's wgmma unserialized, 19 warpgroup waits with or without it.)
+      if (!(F::kAuxP && pair_from_peer<F>(j))) {
+        fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
+                        reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
+                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !pair_from_peer<F>(j));
+        if constexpr (F::kAuxP)  // G is published (fused_record's barriers)
+          fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
+                     reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale,
+                     tid);
+      }
 #endif
       if (pair_own<F>(j)) {  // Mt into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
@@ -669,11 +679,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 // [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the staged K and Q; Gs holds G log2(e)
 // (fused_record). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
 // as Q's are). The caller fences and orders the stores before the walk's wgmma reads them.
-// With store false only the products are issued (a wgmma under a branch makes ptxas serialize
-// every wgmma of the kernel, C7518), and nothing is written.
 template <class F>
 __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
-                                        int tid, bool store) {
+                                        int tid) {
   using T = typename F::T;
   constexpr int NP = 64 / F::kStateWarpgroups;
   tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
@@ -691,7 +699,6 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
-  if (!store) return;
 #pragma unroll
   for (int n = 0; n < NP / 8; ++n) {
     const int j = NP * wg + 8 * n + 2 * t;
@@ -809,7 +816,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       }
       if constexpr (!F::kAuxP)
         fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s),
-                   reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid, true);
+                   reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid);
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
       gmma_smem_fence();
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
