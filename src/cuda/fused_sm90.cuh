@@ -210,6 +210,27 @@ __device__ __forceinline__ float2 decay_pair(float gi, float2 gj, int i, int j) 
 // gmma_desc_add(fused_kdesc(tile), gmma_kstep(kk, kChunk)).
 __device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile) { return gmma_desc(tile, 16, 1024); }
 
+// G, the inclusive cumsum of the chunk's gates gs, in every warp of the aux; warp 0 publishes
+// G log2(e) (gs + kChunk; the exponents of the record and P are base 2) and gam, dec into the
+// record stage rec (G_last = G[63]: padded rows repeat it); the aux barrier at the end publishes them.
+template <class F>
+__device__ __forceinline__ void publish_gates(float* gs, unsigned char* rec, int lane, int warp) {
+  float ga, gb;
+  chunk_cumsum(gs, lane, ga, gb);
+  if (warp == 0) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    gs[kChunk + lane] = ga * kLog2e;
+    gs[kChunk + lane + 32] = gb * kLog2e;
+    float* const gam = reinterpret_cast<float*>(rec + F::rec_gam);
+    const float g_last = __shfl_sync(0xffffffffu, gb, 31);
+    gam[lane] = fast_exp(ga);
+    gam[lane + 32] = fast_exp(gb);
+    gam[kChunk + lane] = fast_exp(g_last - ga);
+    gam[kChunk + lane + 32] = fast_exp(g_last - gb);
+  }
+  named_sync(F::kBarAux, 128);
+}
+
 // The record of one chunk (rows [0, nrows) valid) from its staged K (kq) and the thread's gate or
 // beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: Mt hi,
 // Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the valid row blocks:
@@ -234,9 +255,15 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   named_sync(F::kBarAux, 128);
   probe.mark();
 
+  // Without Mt (the peer forms it, fused_paired) only G, gam and dec: no K K^T. That path holds no
+  // wgmma at all, which keeps the kernel's wgmma unserialized (a branch between a wgmma's issue and
+  // its wait makes ptxas serialize every wgmma of the kernel, C7518).
+  if (!mt) {
+    publish_gates<F>(gs, rec, lane, warp);
+    return;
+  }
   // K K^T (rows and columns: K; warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1), in
-  // flight while G is formed. (Q K^T is the state warpgroups', fused_p.) Issued with mt false too:
-  // a wgmma under a branch makes ptxas serialize every wgmma of the kernel (C7518).
+  // flight while G is formed. (Q K^T is the state warpgroups', fused_p.)
   const std::uint64_t dk = fused_kdesc(kq);
   float kkt[32];
   gmma_fence(kkt);
@@ -249,30 +276,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   gmma_commit();
   probe.mark();
 
-  // G in every warp; warp 0 publishes G log2(e) (the exponents below are base 2) and gam, dec
-  // (G_last = G[63]: padded rows repeat it).
-  {
-    float ga, gb;
-    chunk_cumsum(gs, lane, ga, gb);
-    if (warp == 0) {
-      constexpr float kLog2e = 1.4426950408889634f;
-      Gs[lane] = ga * kLog2e;
-      Gs[lane + 32] = gb * kLog2e;
-      float* const gam = reinterpret_cast<float*>(rec + F::rec_gam);
-      const float g_last = __shfl_sync(0xffffffffu, gb, 31);
-      gam[lane] = fast_exp(ga);
-      gam[lane + 32] = fast_exp(gb);
-      gam[kChunk + lane] = fast_exp(g_last - ga);
-      gam[kChunk + lane + 32] = fast_exp(g_last - gb);
-    }
-  }
-  named_sync(F::kBarAux, 128);  // G published
+  publish_gates<F>(gs, rec, lane, warp);
   probe.mark();
-  if (!mt) {
-    gmma_wait<0>();
-    gmma_fence(kkt);
-    return;
-  }
 
   // A = diag(beta) (K K^T) .* D with the decay D_ij = exp(G_i - G_j) (j <= i, else 0), so that the
   // inverse of I + strict_lower(A) is D .* Tu (a similarity by diag(exp(G))) and Mt below needs no
