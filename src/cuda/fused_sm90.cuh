@@ -640,11 +640,12 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       // With kAuxP the peer's copy brings the whole record (Mt, P, gam, dec) of its chunks: nothing
       // to form here. (Both products' wgmma groups, issue to wait, lie inside this branch: ptxas
-      // 13.0 keeps the kernel's wgmma unserialized, 19 warpgroup waits with or without it.)
+      // 13.0 keeps the kernel's wgmma unserialized.) Otherwise it forms Mt where the chunk is its
+      // own (always with kAuxP, said as a constant so that the path without Mt is not compiled).
       if (!(F::kAuxP && pair_from_peer<F>(j))) {
         fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
                         reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
-                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, !pair_from_peer<F>(j));
+                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair_from_peer<F>(j));
         if constexpr (F::kAuxP)  // G is published (fused_record's barriers)
           fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
                      reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale,
