@@ -121,7 +121,7 @@ struct FusedSm90 {
   static constexpr std::size_t off_order = off_gates + kRecStages * gates_bytes;  // longest-first ranks
   // Per record stage: the first tokens of the next two chunks (-1: none), for state thread 0's copies.
   static constexpr std::size_t off_ahead = off_order + kWalkOrderBytes;
-  // mbarriers: K+Q x 3, V x 2, and per record stage a CTA pair's Mt landing and release (fused_paired).
+  // mbarriers: K+Q x 3, V x 2, and per record stage a CTA pair's copy landing and release (fused_paired).
   static constexpr std::size_t off_bar = off_ahead + kRecStages * 2 * 4;
   static constexpr std::size_t smem_bytes = off_bar + (5 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
   static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
@@ -624,7 +624,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
         F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
-        if (pair_from_peer<F>(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's Mt
+        if (pair_from_peer<F>(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's copy
       }
       probe.mark();
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
@@ -652,7 +652,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                      tid);
       }
 #endif
-      if (pair_own<F>(j)) {  // Mt into the peer's stage, once its walk is done with chunk j - 3 there
+      if (pair_own<F>(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
         if (tid == 0) {
@@ -681,9 +681,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 }
 
 // P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
-// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them): warpgroup w forms columns
-// [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the staged K and Q; Gs holds G log2(e)
-// (fused_record). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
+// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; with kAuxP by the aux, as one
+// warpgroup): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
+// staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
 // as Q's are). The caller fences and orders the stores before the walk's wgmma reads them.
 template <class F>
 __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
@@ -786,7 +786,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, (j - 1) % R), cluster_rank() ^ 1u));
       }
       named_sync(F::kBarFull + s, F::kThreads);
-      if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's Mt (fused_paired)
+      if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
       // thread 0 issues them while the step's K S and Q S are in flight (walk_chunk's aside):
