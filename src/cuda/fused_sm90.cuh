@@ -683,8 +683,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 // P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
 // 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; with kAuxP by the aux, as one
 // warpgroup): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
-// staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the diagonal; rows past a tail's end are zero,
-// as Q's are). The caller fences and orders the stores before the walk's wgmma reads them.
+// staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the
+// diagonal; rows past a tail's end are zero, as Q's are). The caller fences and orders the stores
+// before the walk's wgmma reads them.
 template <class F>
 __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
                                         int tid) {
