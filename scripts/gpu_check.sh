@@ -58,11 +58,12 @@ if has test; then
   note "gpu tests: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED' "$OUT/gpu_tests.log" | head -20
   # The same suite with every case the fused kernel takes run on it (tests/gpu/gpu_util.h): its
-  # 128-column variant where dv = 128, then its 64-column variant everywhere.
-  for mode in ${FUSED_SUITES-fused fused-v64}; do
+  # 128-column variant where dv = 128, then its 64-column variant everywhere; then every case of
+  # 16-bit q/k/v on the short walk.
+  for mode in ${FUSED_SUITES-fused fused-v64 short}; do
     GDNKIT_TEST_KERNEL=$mode "$BUILD/tests/gdnkit_gpu_tests" >"$OUT/gpu_tests_$mode.log" 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
-    note "gpu tests, $mode: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests_$mode.log" | tr '\n' ' ') ($(grep -c 'cuda-fused' "$OUT/gpu_tests_$mode.log") cases on it)"
+    note "gpu tests, $mode: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests_$mode.log" | tr '\n' ' ') ($(grep -c "cuda-${mode%%-*}" "$OUT/gpu_tests_$mode.log") cases on it)"
     grep -E '^\[  FAILED' "$OUT/gpu_tests_$mode.log" | head -20
   done
   if [ "${PYTEST:-1}" != 0 ]; then
@@ -84,9 +85,10 @@ fi
 if has sanitize; then
   # compute-sanitizer's four tools on the CLI: a mixed varlen batch (empty and 1-token sequences,
   # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the
-  # fused kernel required by name on a small and a medium batch, and its 64-column variant; then a
-  # sequence split into segments (context parallelism), small and medium, with the decay shortcut,
-  # and a packed batch split in value and map pairs.
+  # fused kernel required by name on a small and a medium batch, and its 64-column variant; the
+  # short walk on a batch of short and longer sequences; then a sequence split into segments
+  # (context parallelism), small and medium, with the decay shortcut, and a packed batch split in
+  # value and map pairs.
   for tool in memcheck racecheck synccheck initcheck; do
     for args in "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk" \
                 "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear" \
@@ -94,6 +96,7 @@ if has sanitize; then
                 "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk --kernel cuda-fused-sm90-bf16-k128" \
                 "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64" \
                 "--lens 300,1,130 --heads 2,2,4 --dv 64 --kernel cuda-fused-sm90-bf16-k128-v64" \
+                "--lens 2,0,16,17,1,40,5,300 --heads 2,2,4 --kernel cuda-short-bf16-k128-w8" \
                 "--lens 700 --heads 1,1,2 --segments 4" \
                 "--lens 2000 --heads 2,2,8 --dk 64 --segments 9" \
                 "--lens 1500,300 --heads 2,2,4 --segments 5 --split-decay-cutoff 1e-3" \

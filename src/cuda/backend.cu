@@ -60,7 +60,7 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a)
   for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
     for (int i = 0; i < list.count; ++i) {
       const SplitKernel& k = list.begin[i];
-      if (k.dtype == dtype && k.dk == dk && k.warps == warps && k.sm90a == sm90a) return &k;
+      if (k.dtype == dtype && k.dk == dk && k.warps == warps && k.sm90a == sm90a && !k.short_chunks) return &k;
     }
   return nullptr;
 }
@@ -251,6 +251,29 @@ const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, 
   return k;
 }
 
+// The short walk (short_walk.cuh: 16-token chunks, one kernel) where every sequence is known to
+// be short: the longest length (Problem::max_seq_len, or the uniform length without cu_seqlens) at
+// most kShortMaxLen, or, with the lengths unknown to the host, the mean at most kShortMaxMean (a
+// long sequence among them is walked correctly, 16 tokens per step). Its widest CTA that divides
+// dv. Measured on an H200 against the split path (docs/perf-notes.md, "The short walk").
+// (At 64 heads, 256 sequences of L tokens: 0.436-0.474 ms against the split path's 0.495-0.532 for
+// L = 1 to 16, but 0.879 against 0.664 at L = 32.)
+constexpr std::int64_t kShortMaxLen = 16, kShortMaxMean = 16;
+const SplitKernel* choose_short(const Problem& problem, const detail::Shape& s) {
+  const std::int64_t n = std::max<std::int64_t>(s.N, 1);
+  const std::int64_t longest = problem.max_seq_len > 0 ? problem.max_seq_len : problem.has_cu_seqlens ? 0 : s.uniform_len;
+  if (longest > 0 ? longest > kShortMaxLen : s.T / n > kShortMaxMean) return nullptr;
+  for (int warps : {8, 4, 2, 1}) {
+    if ((s.dv / 16) % warps != 0) continue;
+    for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})
+      for (int i = 0; i < list.count; ++i) {
+        const SplitKernel& k = list.begin[i];
+        if (k.short_chunks && k.dtype == problem.qkv_dtype && k.dk == s.dk && k.warps == warps) return &k;
+      }
+  }
+  return nullptr;
+}
+
 // The fused kernel where choose_fused picks it, else the split path's walk CTA size. Each warp
 // walks 16 value columns; a CTA of W warps shares the staging of one chunk. Cost model: the busiest SM runs ceil(CTAs / SMs) CTAs, each costing about W + 1 warp
 // steps (the +1: the per-CTA copies and barrier). Ties go to the larger CTA (less copying).
@@ -276,6 +299,7 @@ const SplitKernel* choose_kernel(const Problem& problem, const detail::Shape& s,
   }
   if (const SplitKernel* fused = choose_fused(problem, s, c, smem_optin, split != nullptr ? split->warps : 0))
     return fused;
+  if (const SplitKernel* short_walk = choose_short(problem, s)) return short_walk;
   return split;
 }
 
@@ -394,13 +418,16 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
   c.kernel = split->name;
   c.warps = split->warps;
   c.smem_bytes = split->walk_smem;
-  const WalkGrid grid = walk_grid(s, 16 * c.warps, problem.has_cu_seqlens, split->fused, c.sm_count, c.ctas_per_sm);
+  WalkGrid grid = walk_grid(s, 16 * c.warps, problem.has_cu_seqlens, split->fused, c.sm_count, c.ctas_per_sm);
+  if (split->short_chunks) grid = {std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), 65535), false, false};  // a CTA per sequence
   c.walk_z = static_cast<int>(grid.z);
   c.longest_first = grid.longest_first;
   c.lpt = grid.lpt;
   // One record per (chunk slot, head); slot floor(bos_n / 64) + n + j is unique per chunk.
   c.slots = (s.T + kChunk - 1) / kChunk + s.N;
-  c.workspace = split->fused ? 0 : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
+  c.workspace = split->fused || split->short_chunks
+                    ? 0
+                    : static_cast<std::size_t>(c.slots) * static_cast<std::size_t>(s.H) * kRecBytes;
   plan_split(problem, s, options, c, smem_optin);
   if (split->fused || c.cp_stage1 != nullptr) {
     // The descriptors of any call of this problem, at a placeholder address that run() replaces.

@@ -287,6 +287,9 @@ struct SplitKernel {
   // A fused kernel's instantiation for CTAs launched as clusters of two, where it has one (the
   // 64-column kernel: FusedSm90::kAuxP), with the same threads and walk_smem; else nullptr.
   const void* paired_func = nullptr;
+  // The short walk (short_walk.cuh): 16-token chunks in one kernel, no prep kernel, no workspace,
+  // static shared memory; `warps` as for the split walk (16 value columns each).
+  bool short_chunks = false;
 };
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.

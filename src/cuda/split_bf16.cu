@@ -6,6 +6,7 @@ namespace gdnkit::cuda {
 namespace {
 const SplitKernel kKernels[] = {
     GDNKIT_MMA_SYNC_KERNELS(__nv_bfloat16, "bf16", DType::bf16),
+    GDNKIT_SHORT_KERNELS(__nv_bfloat16, "bf16", DType::bf16),
 #if GDNKIT_HAS_CUTLASS
     GDNKIT_WGMMA_KERNELS(__nv_bfloat16, "bf16", DType::bf16),
 #endif

@@ -6,6 +6,7 @@ namespace gdnkit::cuda {
 namespace {
 const SplitKernel kKernels[] = {
     GDNKIT_MMA_SYNC_KERNELS(__half, "f16", DType::f16),
+    GDNKIT_SHORT_KERNELS(__half, "f16", DType::f16),
 #if GDNKIT_HAS_CUTLASS
     GDNKIT_WGMMA_KERNELS(__half, "f16", DType::f16),
 #endif

@@ -23,6 +23,7 @@
 #include "mock.h"
 #include "common/walk_split.h"
 #include "cuda/prep_kernel.cuh"
+#include "cuda/short_walk.cuh"
 #include "cuda/walk_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
 #include "cuda/fused_sm90.cuh"
@@ -107,10 +108,20 @@ void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   cuda::g_tma_pending.clear();
 }
 
+// The short walk (short_walk.cuh) with W warps, grid (dv / 16 W, H, z), no workspace.
+template <typename T, int DK, int W>
+void emulate_short(cuda::ChunkedParams p, dim3 grid) {
+  using SW = cuda::ShortWalk<T, DK, W>;
+  static_assert(SW::smem_bytes <= sizeof(cuda::smem_raw));
+  p.ws = nullptr;
+  run_grid(grid, SW::kThreads, [&] { cuda::short_walk_cta<SW>(p, cuda::smem_raw); });
+}
+
 // The walk policy arguments that select the fused kernel: 128 value columns per CTA (dv = 128
-// only) and 64 (dv = 64 or 128).
+// only) and 64 (dv = 64 or 128); and the short walk (its widest CTA that divides dv).
 constexpr int kFused = 0;
 constexpr int kFused64 = 1000;
+constexpr int kShort = 2000;
 
 // Runs case c through the emulated kernels with walk policy w (reduced to one warp, or one
 // warpgroup, where dv does not split that way; kFused, kFused64: the fused kernel); returns the
@@ -146,6 +157,25 @@ std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first, bo
     }
     return std::string("fused ") + (bf16 ? "bf16" : "f16") + " dk=" + std::to_string(s.dk) +
            " dvb=" + std::to_string(dvb);
+  }
+  if (w == kShort) {
+    int sw = 8;
+    while (s.dv / 16 % sw) sw /= 2;
+    const dim3 grid(static_cast<unsigned>(s.dv / (16 * sw)), static_cast<unsigned>(s.H),
+                    static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), zlimit)));
+    const bool bf16 = problem.qkv_dtype == DType::bf16;
+#define GDNKIT_EMU_SHORT(TYPE, DK, W)                                          \
+  if (std::is_same_v<TYPE, __nv_bfloat16> == bf16 && s.dk == DK && sw == W) { \
+    emulate_short<TYPE, DK, W>(p, grid);                                       \
+    return std::string("short " #TYPE " dk=" #DK " w=" #W);                    \
+  }
+    GDNKIT_EMU_SHORT(__nv_bfloat16, 128, 8) GDNKIT_EMU_SHORT(__nv_bfloat16, 128, 4)
+    GDNKIT_EMU_SHORT(__nv_bfloat16, 128, 2) GDNKIT_EMU_SHORT(__nv_bfloat16, 128, 1)
+    GDNKIT_EMU_SHORT(__nv_bfloat16, 64, 8) GDNKIT_EMU_SHORT(__nv_bfloat16, 64, 4)
+    GDNKIT_EMU_SHORT(__half, 128, 8) GDNKIT_EMU_SHORT(__half, 64, 4) GDNKIT_EMU_SHORT(__half, 64, 1)
+#undef GDNKIT_EMU_SHORT
+    ADD_FAILURE() << "no emulated short walk for dk " << s.dk << ", dv " << s.dv;
+    return "none";
   }
   while (s.dv / 16 % (w < 0 ? -4 * w : w)) w /= 2;  // the widest policy that divides dv
   const int cols = w < 0 ? -64 * w : 16 * w;
@@ -215,6 +245,27 @@ TEST(Emulated, WalkPoliciesAndHeadDims) {
       s.seed = 100 + i++;
       check(s, w);
     }
+}
+
+// The short walk (16-token chunks): sequences of 0 to 40 tokens (one, two and three chunks, tails),
+// every option (gates, beta, states in both layouts, in place, gate conventions), head mappings,
+// both dtypes and head sizes, CTAs of 8, 4, 2 and 1 warps, a grid that strides over sequences.
+TEST(Emulated, ShortWalk) {
+  for (int bits = 0; bits < 16; ++bits) {
+    Spec s;
+    s.lens = {2, 0, 16, 17, 1, 40, 5};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    test::set_option_bits(s, bits * 4 + bits % 4);
+    s.dk = bits % 3 ? 128 : 64;
+    s.dv = bits % 4 == 0 ? 128 : bits % 4 == 1 ? 64 : bits % 4 == 2 ? 32 : 16;
+    if (s.dk == 64 && s.dv < 64) s.dv = 64;
+    s.qkv = bits % 5 == 0 ? DType::f16 : DType::bf16;
+    if (s.qkv == DType::f16) s.dv = s.dk == 128 ? 128 : (bits % 2 ? 64 : 16);
+    if (bits % 6 == 1) std::swap(s.Hq, s.Hv);  // GQA
+    s.seed = 2600 + bits;
+    check(s, kShort, bits % 2 ? 3 : 65535);
+  }
 }
 
 TEST(Emulated, HeadMappings) {

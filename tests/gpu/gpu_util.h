@@ -147,14 +147,24 @@ class DeviceWorkspace {
 // case every problem the fused kernel takes (bf16 or f16) requires it by name, so that the whole
 // suite runs on it (scripts/gpu_check.sh runs the suite three ways): "fused" requires the
 // 128-column variant where dv = 128 and the 64-column one where dv = 64, "fused-v64" the
-// 64-column one everywhere.
+// 64-column one everywhere; "short" requires the short walk (16-token chunks) of the widest CTA
+// that divides dv, for every problem of 16-bit q/k/v.
 inline gdnkit::Options suite_options(const gdnkit::Problem& p, gdnkit::Options o = {}) {
   thread_local std::string name;
   const char* env = std::getenv("GDNKIT_TEST_KERNEL");
   if (o.kernel != nullptr || o.segments != 0 || env == nullptr) return o;
   const std::string mode = env;
-  if (mode != "fused" && mode != "fused-v64") return o;
+  if (mode != "fused" && mode != "fused-v64" && mode != "short") return o;
   if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16) return o;
+  if (mode == "short") {
+    if (p.head_dim_v % 16 != 0 || (p.head_dim_k != 64 && p.head_dim_k != 128)) return o;
+    int w = 8;
+    while ((p.head_dim_v / 16) % w != 0) w /= 2;
+    name = std::string("cuda-short-") + (p.qkv_dtype == DType::bf16 ? "bf16" : "f16") + "-k" +
+           std::to_string(p.head_dim_k) + "-w" + std::to_string(w);
+    o.kernel = name.c_str();
+    return o;
+  }
   if (p.head_dim_v != 64 && p.head_dim_v != 128) return o;
   const bool v64 = mode == "fused-v64" || p.head_dim_v == 64;
   name = std::string("cuda-fused-sm90-") + (p.qkv_dtype == DType::bf16 ? "bf16" : "f16") + "-k" +

@@ -951,7 +951,8 @@ TEST_F(Cuda, PlanReportsKernel) {
   // Where the planner takes the fused kernel (backend.cu, choose_fused), on an H100/H200 built with
   // it: 128-column blocks when the walks fill half the SMs, 64-column ones for a few short
   // sequences and for long ones with heads near half the SMs (pairs of CTAs sharing records), the
-  // split path for long ones with few heads and at dv = 64.
+  // split path for long ones with few heads and at dv = 64, the short walk for sequences of a few
+  // tokens (choose_short).
   if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
     struct Expect {
       std::int64_t heads, seqs, tokens;
@@ -964,7 +965,8 @@ TEST_F(Cuda, PlanReportsKernel) {
                             Expect{8, 1, 512, 128, "cuda-fused-sm90-bf16-k128-v64"},
                             Expect{8, 1, 8192, 128, nullptr}, Expect{4, 64, 64 * 300, 64, nullptr},
                             Expect{(sms - 4) / 2, 1, 16384, 128, "cuda-fused-sm90-bf16-k128-v64"},
-                            Expect{sms, 100, 200, 128, nullptr}}) {
+                            Expect{sms, 100, 100 * 40, 128, nullptr},
+                            Expect{sms, 100, 200, 128, "cuda-short-bf16-k128-w8"}}) {
       Problem p = cuda_problem();
       p.num_q_heads = p.num_k_heads = p.num_v_heads = static_cast<int>(e.heads);
       p.head_dim_k = 128;
