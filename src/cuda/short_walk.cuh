@@ -125,11 +125,28 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
     }
   };
 
+  // f(i, j, x) for each element x = X[i][j] of a 16 x 16 product held as two C tiles.
+  auto each = [&](const float (&acc)[2][4], auto&& f) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(g + 8 * (e / 2), 8 * nt + 2 * t + e % 2, acc[nt][e]);
+  };
+
   for (std::int64_t n = blockIdx.z; n < p.num_seqs; n += gridDim.z) {
     const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
     const std::int64_t state_lane = lane_state_offset<DK>(p, n, h, col0 + g, t);
     float st[DK / 8][4];  // St tiles: st[j] holds keys [8 j, 8 j + 8) of the warp's 16 columns
-    load_state_tiles<DK>(st, p, state_lane);
+    // (A branch, not load_state_tiles' per-element select: ptxas predicates those loads, and
+    // without a state their issue and addresses were about a third of the kernel's instructions.)
+    if (p.has_initial_state) {
+      load_state_tiles<DK>(st, p, p.initial_state, state_lane);
+    } else {
+#pragma unroll
+      for (int j = 0; j < DK / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = 0.0f;
+    }
     bool zero_state = !p.has_initial_state;
 
     for (std::int64_t c0 = bos; c0 < eos; c0 += R) {
@@ -139,16 +156,21 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
 
       __syncthreads();  // every warp is done with the previous chunk's staging
       // (Indices from an opaque tid: hoisted out of the walk, the addresses had spilled.)
-      for (int idx = opaque(tid); idx < 2 * R * (DK / 8); idx += SW::kThreads) {
-        const int c = idx % (DK / 8), r = (idx / (DK / 8)) % R, m = idx / (R * (DK / 8));
-        const T* const src = m == 0 ? kh + (c0 + r) * p.k_token : qh + (c0 + r) * p.q_token;
-        const uint4 x = r < nrows ? *reinterpret_cast<const uint4*>(src + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>((m == 0 ? Ks : Qs) + r * LDK + 8 * c) = x;
+      // Rows [0, nrows) of K and Q, then of the CTA's V columns; zeros past the end.
+      for (int idx = opaque(tid); idx < R * (DK / 8); idx += SW::kThreads) {
+        const int c = idx % (DK / 8), r = idx / (DK / 8);
+        uint4 xk = make_uint4(0u, 0u, 0u, 0u), xq = xk;
+        if (r < nrows) {
+          xk = *reinterpret_cast<const uint4*>(kh + (c0 + r) * p.k_token + 8 * c);
+          xq = *reinterpret_cast<const uint4*>(qh + (c0 + r) * p.q_token + 8 * c);
+        }
+        *reinterpret_cast<uint4*>(Ks + r * LDK + 8 * c) = xk;
+        *reinterpret_cast<uint4*>(Qs + r * LDK + 8 * c) = xq;
       }
-      for (int idx = opaque(tid); idx < R * (SW::DVB / 8); idx += SW::kThreads) {  // the CTA's V columns
+      for (int idx = opaque(tid); idx < R * (SW::DVB / 8); idx += SW::kThreads) {
         const int c = idx % (SW::DVB / 8), r = idx / (SW::DVB / 8);
-        const uint4 x = r < nrows ? *reinterpret_cast<const uint4*>(vh + (c0 + r) * p.v_token + 8 * c)
-                                  : make_uint4(0u, 0u, 0u, 0u);
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (r < nrows) x = *reinterpret_cast<const uint4*>(vh + (c0 + r) * p.v_token + 8 * c);
         *reinterpret_cast<uint4*>(Vs + r * SW::LDV + 8 * c) = x;
       }
       if (warp == 0) {
@@ -162,8 +184,8 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
         const float glast = __shfl_sync(0xffffffffu, G, R - 1);
         if (lane < R) {
           Gs[lane] = G;
-          gam[lane] = expf(G);
-          dec[lane] = expf(glast - G);
+          gam[lane] = fast_exp(G);
+          dec[lane] = fast_exp(glast - G);
         } else {
           bs[lane - R] = gb;
         }
@@ -174,19 +196,14 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
         // St to shared memory and back around the record: its registers are free meanwhile
         // (ptxas had kept all of them live through the substitution and spilled).
         float* const sv = reinterpret_cast<float*>(smem + SW::off_st) + lane;
+        if (!zero_state)
 #pragma unroll
-        for (int j = 0; j < DK / 8; ++j)
+          for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sv[(4 * j + e) * 32] = st[j][e];
+            for (int e = 0; e < 4; ++e) sv[(4 * j + e) * 32] = st[j][e];
         float kk[2][4];
         gram(kk, Ks, Ks);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = g + 8 * (e / 2), j = 8 * nt + 2 * t + e % 2;
-            As[i * LDA + j] = j < i ? bs[i] * kk[nt][e] : 0.0f;
-          }
+        each(kk, [&](int i, int j, float v) { As[i * LDA + j] = j < i ? bs[i] * v : 0.0f; });
         __syncwarp();
         if (lane < R) {  // column `lane` of Tu by forward substitution, then of Mt
           const int j = lane;
@@ -195,13 +212,18 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
           for (int i = 0; i < R; ++i) {
             float s = 0.0f;
 #pragma unroll
-            for (int m = 0; m < i; ++m) s += As[i * LDA + m] * x[m];
+            for (int m4 = 0; m4 < i; m4 += 4) {  // row i's first i entries as 16-byte broadcast loads
+              const float4 a = *reinterpret_cast<const float4*>(As + i * LDA + m4);
+              const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+              for (int m = m4; m < m4 + 4 && m < i; ++m) s += av[m - m4] * x[m];
+            }
             x[i] = (i == j ? 1.0f : 0.0f) - s;
           }
           const float gj = Gs[j], bj = bs[j];
 #pragma unroll
           for (int i = 0; i < R; ++i) {
-            const float mt = i >= j ? x[i] * expf(Gs[i] - gj) * bj : 0.0f;
+            const float mt = i >= j ? x[i] * fast_exp(Gs[i] - gj) * bj : 0.0f;
             const T hi = from_f32<T>(mt);
             Mh[i * LDM + j] = hi;
             Ml[i * LDM + j] = from_f32<T>(mt - to_f32<T>(hi));
@@ -211,18 +233,14 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
 #pragma unroll
         for (int j = 0; j < DK / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st[j][e] = sv[(4 * j + e) * 32];
+          for (int e = 0; e < 4; ++e) st[j][e] = zero_state ? 0.0f : sv[(4 * j + e) * 32];
       }
       if (warp == pw) {
         float qk[2][4];
         gram(qk, Qs, Ks);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = g + 8 * (e / 2), j = 8 * nt + 2 * t + e % 2;
-            Ps[i * LDM + j] = from_f32<T>(j <= i ? p.scale * qk[nt][e] * expf(Gs[i] - Gs[j]) : 0.0f);
-          }
+        each(qk, [&](int i, int j, float v) {
+          Ps[i * LDM + j] = from_f32<T>(j <= i ? p.scale * v * fast_exp(Gs[i] - Gs[j]) : 0.0f);
+        });
       }
       __syncthreads();  // Mt, P
 
