@@ -966,6 +966,7 @@ TEST_F(Cuda, PlanReportsKernel) {
                             Expect{8, 1, 8192, 128, nullptr}, Expect{4, 64, 64 * 300, 64, nullptr},
                             Expect{(sms - 4) / 2, 1, 16384, 128, "cuda-fused-sm90-bf16-k128-v64"},
                             Expect{sms, 100, 100 * 40, 128, nullptr},
+                            Expect{sms, 100, 100 * 15, 128, "cuda-short-bf16-k128-w8"},
                             Expect{sms, 100, 200, 128, "cuda-short-bf16-k128-w8"}}) {
       Problem p = cuda_problem();
       p.num_q_heads = p.num_k_heads = p.num_v_heads = static_cast<int>(e.heads);
@@ -979,6 +980,22 @@ TEST_F(Cuda, PlanReportsKernel) {
       if (e.kernel != nullptr) EXPECT_EQ(name, e.kernel) << e.heads << " heads, " << e.seqs << " sequences";
       else EXPECT_EQ(name.rfind("cuda-split-", 0), 0u) << name << ": " << e.heads << " heads, " << e.seqs << " sequences";
     }
+    // Packed lengths unknown to the host: the short walk on a mean of at most 16 tokens only up to
+    // 1,024 tokens in all (the mean may hide one long sequence); with the hint, by the longest.
+    Problem p = cuda_problem();
+    p.num_q_heads = p.num_k_heads = p.num_v_heads = sms;
+    p.has_cu_seqlens = true;
+    p.num_seqs = 100;
+    gdnkit::Options unsplit;
+    unsplit.segments = 1;
+    p.total_tokens = 500;
+    EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()), "cuda-short-bf16-k128-w8");
+    p.total_tokens = 1500;
+    EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()).rfind("cuda-split-", 0), 0u);
+    p.max_seq_len = 16;
+    EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()), "cuda-short-bf16-k128-w8");
+    p.max_seq_len = 17;
+    EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()).rfind("cuda-split-", 0), 0u);
   }
   for (DType dt : {DType::bf16, DType::f16})
     for (int d : {64, 128})
