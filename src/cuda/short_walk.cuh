@@ -18,8 +18,9 @@
 //        Xt  = Vt - KSt diag(gam),  Vnt = Xt Mt^T,  Ot = QSt diag(scale gam) + Vnt P^T
 //        St' = gam_last St + Vnt diag(dec) K   (skipped after a sequence's last chunk when no final
 //                                               state is wanted)
-// Correct for any length: a longer sequence walks more 16-token chunks (each costs about what a
-// 64-token chunk costs the split walk, so the planner takes this kernel only for short ones).
+// Correct for any length: a longer sequence walks more 16-token chunks, one after the other (on an
+// H200 already slower than the split path at 32 tokens, so the planner takes this kernel only for
+// short sequences; docs/perf-notes.md, "The short walk").
 #pragma once
 
 #include <cstdint>
