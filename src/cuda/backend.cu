@@ -251,23 +251,10 @@ const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, 
   return k;
 }
 
-// The short walk (short_walk.cuh: 16-token chunks, one kernel) where the sequences are short: the
-// longest length (Problem::max_seq_len, or the uniform length without cu_seqlens) at most
-// kShortMaxLen; or, with the lengths unknown to the host, a mean of at most kShortMaxMean tokens in
-// a batch of at most kShortMaxUnknownTokens. The mean may hide one long sequence, which the short
-// walk takes 16 tokens per serial step: the token bound keeps that worst case (64 steps) near what
-// the split path's per-walk costs take on such a batch (a bound from the measurements below, the
-// worst case itself not measured). Its widest CTA that divides dv.
-// Measured on an H200 only, bf16, dk = dv = 128, 64 heads, no states (docs/perf-notes.md, "The short
-// walk"; the form before a2e0bc1): 256 sequences of L tokens 0.439-0.473 ms against the split path's
-// 0.495-0.532 for L = 1 to 16, but 0.879 against 0.664 at L = 32. Other dtypes, head sizes and GPUs
-// take it by the same rule, unmeasured.
-constexpr std::int64_t kShortMaxLen = 16, kShortMaxMean = 16, kShortMaxUnknownTokens = 1024;
+// The short walk where the sequences are short (short_walk_takes, walk_grid.cpp): its widest CTA
+// that divides dv.
 const SplitKernel* choose_short(const Problem& problem, const detail::Shape& s) {
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1);
-  const std::int64_t longest = problem.max_seq_len > 0 ? problem.max_seq_len : problem.has_cu_seqlens ? 0 : s.uniform_len;
-  if (longest > 0 ? longest > kShortMaxLen : (s.T / n > kShortMaxMean || s.T > kShortMaxUnknownTokens))
-    return nullptr;
+  if (!short_walk_takes(s, problem.has_cu_seqlens, problem.max_seq_len)) return nullptr;
   for (int warps : {8, 4, 2, 1}) {
     if ((s.dv / 16) % warps != 0) continue;
     for (const SplitKernelList list : {split_kernels_bf16(), split_kernels_f16()})

@@ -1,6 +1,7 @@
 // The walk CTAs' grid of an unsplit kernel (src/cuda/walk_grid.cpp) on an H200's 132 SMs: which
 // batches the fused kernel deals to one wave (LPT shares), which it walks a CTA per sequence
-// longest first, and the split path's strides. Host arithmetic only: runs without a GPU.
+// longest first, and the split path's strides; and which batches take the short walk. Host
+// arithmetic only: runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -53,6 +54,33 @@ TEST(WalkGrid, SplitPathWalksACtaPerSequence) {
   expect_grid(walk_grid(shape(64, 10, 16384), 64, true, false, kH200Sms, 3), 10, true, false);
   // Short sequences: z = ceil(2 x 132 x 3 / (2 x 64)) = 7 CTAs per (block, head), strided.
   expect_grid(walk_grid(shape(64, 20, 4096), 64, true, false, kH200Sms, 3), 7, false, false);
+}
+
+// Where the planner takes the short walk (short_walk_takes): by the longest length where the host
+// knows it (the hint, or the uniform length), else by the mean in batches of at most 1,024 tokens.
+TEST(WalkGrid, ShortWalkTakesShortSequences) {
+  using gdnkit::cuda::short_walk_takes;
+  SCOPED_TRACE("qwen35-16x64-decode-like-n256-t512: packed, 256 x 2 tokens");
+  EXPECT_TRUE(short_walk_takes(shape(64, 256, 512), true, 0));
+  EXPECT_TRUE(short_walk_takes(shape(64, 256, 512), true, 2));
+  SCOPED_TRACE("the hint decides where given: 16 tokens yes, 17 no, whatever the mean");
+  EXPECT_TRUE(short_walk_takes(shape(64, 100, 1500), true, 16));
+  EXPECT_FALSE(short_walk_takes(shape(64, 100, 1500), true, 17));
+  EXPECT_FALSE(short_walk_takes(shape(64, 256, 512), true, 300));
+  SCOPED_TRACE("uniform lengths (no cu_seqlens) are known");
+  auto uniform = [](std::int64_t seqs, std::int64_t len) {
+    auto s = shape(16, seqs, seqs * len);
+    s.uniform_len = len;
+    return s;
+  };
+  EXPECT_TRUE(short_walk_takes(uniform(100, 15), false, 0));
+  EXPECT_TRUE(short_walk_takes(uniform(100, 16), false, 0));
+  EXPECT_FALSE(short_walk_takes(uniform(100, 17), false, 0));
+  SCOPED_TRACE("packed lengths unknown: a mean of 16 up to 1,024 tokens in all");
+  EXPECT_TRUE(short_walk_takes(shape(64, 64, 1024), true, 0));
+  EXPECT_FALSE(short_walk_takes(shape(64, 100, 1500), true, 0));
+  EXPECT_FALSE(short_walk_takes(shape(64, 10, 170), true, 0));
+  EXPECT_FALSE(short_walk_takes(shape(64, 1, 4096), true, 0));
 }
 
 }  // namespace

@@ -952,7 +952,7 @@ TEST_F(Cuda, PlanReportsKernel) {
   // it: 128-column blocks when the walks fill half the SMs, 64-column ones for a few short
   // sequences and for long ones with heads near half the SMs (pairs of CTAs sharing records), the
   // split path for long ones with few heads and at dv = 64, the short walk for sequences of a few
-  // tokens (choose_short).
+  // tokens (short_walk_takes).
   if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
     struct Expect {
       std::int64_t heads, seqs, tokens;
