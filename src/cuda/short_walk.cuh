@@ -9,8 +9,9 @@
 // blockIdx.z strides over the sequences. Per chunk of n <= 16 rows (zero rows past the end):
 //   1. every thread stages K, Q and V rows; warp 0 loads the gates and beta and forms G = cumsum(g),
 //      gam = exp(G), dec = exp(G_last - G) (a CTA barrier publishes them);
-//   2. warp 0 forms K K^T (mma.sync), A = strict_lower(diag(beta) K K^T), Tu = (I + A)^-1 by
-//      forward substitution in fp32 (lane j solves column j) and Mt = Gam .* Tu .* beta_j as hi + lo;
+//   2. warp 0 forms K K^T (mma.sync), A = strict_lower(diag(beta) K K^T), Tu = (I + A)^-1 in fp32
+//      (8 x 8 diagonal blocks by forward substitution, a lane per column, then the block below) and
+//      Mt = Gam .* Tu .* beta_j as hi + lo;
 //      the last warp forms P = scale lower_incl(Q K^T) .* Gam (a second barrier publishes them);
 //   3. every warp runs the state step for its 16 columns as the split walk does (walk_kernel.cuh:
 //      transposed, St = S^T in registers, the same roundings):
@@ -19,8 +20,8 @@
 //        St' = gam_last St + Vnt diag(dec) K   (skipped after a sequence's last chunk when no final
 //                                               state is wanted)
 // Correct for any length: a longer sequence walks more 16-token chunks, one after the other (on an
-// H200 already slower than the split path at 32 tokens, so the planner takes this kernel only for
-// short sequences; docs/perf-notes.md, "The short walk").
+// H200 level with the split path at 32 tokens and slower beyond, so the planner takes this kernel
+// only for short sequences; docs/perf-notes.md, "The short walk").
 #pragma once
 
 #include <cstdint>
@@ -152,30 +153,52 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
 
     for (std::int64_t c0 = bos; c0 < eos; c0 += R) {
       const int nrows = static_cast<int>(eos - c0 < R ? eos - c0 : R);
-      float gb = 0.0f;  // warp 0: the gate (lanes 0-15) or beta (lanes 16-31) of row lane % 16
-      if (warp == 0) gb = load_gate_beta(p, c0, nrows, h, lane < R ? lane : kChunk + lane - R);
+      // Warp 0: the gate (lanes 0-15) or beta (lanes 16-31) of row lane % 16, as loaded: converted
+      // after the staging loads are issued, so that the two loads' latencies overlap (converted
+      // here, every warp waited at the barrier below for the gates' load first).
+      const int gb_idx = lane < R ? lane : kChunk + lane - R;
+      std::uint32_t gb_bits = 0u;
+      if (warp == 0) gb_bits = load_gate_beta_bits(p, c0, nrows, h, gb_idx);
 
       __syncthreads();  // every warp is done with the previous chunk's staging
-      // (Indices from an opaque tid: hoisted out of the walk, the addresses had spilled.)
-      // Rows [0, nrows) of K and Q, then of the CTA's V columns; zeros past the end.
-      for (int idx = opaque(tid); idx < R * (DK / 8); idx += SW::kThreads) {
-        const int c = idx % (DK / 8), r = idx / (DK / 8);
-        uint4 xk = make_uint4(0u, 0u, 0u, 0u), xq = xk;
-        if (r < nrows) {
-          xk = *reinterpret_cast<const uint4*>(kh + (c0 + r) * p.k_token + 8 * c);
-          xq = *reinterpret_cast<const uint4*>(qh + (c0 + r) * p.q_token + 8 * c);
+      // (Indices from an opaque tid: hoisted out of the walk, the addresses had spilled.) Rows [0,
+      // nrows) of K and Q, and of the CTA's V columns (one 16-byte piece per thread); zeros past
+      // the end. The V load and the first K, Q loads are issued before any store: with the stores
+      // between them, the V loads had waited for the K and Q loads' data.
+      {
+        constexpr int kKQ = R * (DK / 8), kKQIt = (kKQ + SW::kThreads - 1) / SW::kThreads;
+        static_assert(R * (SW::DVB / 8) == SW::kThreads, "one V piece per thread");
+        const int base = opaque(tid);
+        const int vc = base % (SW::DVB / 8), vr = base / (SW::DVB / 8);
+        uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+        if (vr < nrows) xv = *reinterpret_cast<const uint4*>(vh + (c0 + vr) * p.v_token + 8 * vc);
+        constexpr int kGroup = kKQIt < 2 ? kKQIt : 2;  // pieces in flight per thread (registers)
+#pragma unroll
+        for (int it0 = 0; it0 < kKQIt; it0 += kGroup) {
+          uint4 xk[kGroup], xq[kGroup];
+#pragma unroll
+          for (int u = 0; u < kGroup; ++u) {
+            const int idx = base + (it0 + u) * SW::kThreads, c = idx % (DK / 8), r = idx / (DK / 8);
+            xk[u] = xq[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (r < nrows && idx < kKQ) {
+              xk[u] = *reinterpret_cast<const uint4*>(kh + (c0 + r) * p.k_token + 8 * c);
+              xq[u] = *reinterpret_cast<const uint4*>(qh + (c0 + r) * p.q_token + 8 * c);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kGroup; ++u) {
+            const int idx = base + (it0 + u) * SW::kThreads, c = idx % (DK / 8), r = idx / (DK / 8);
+            if (idx < kKQ) {
+              *reinterpret_cast<uint4*>(Ks + r * LDK + 8 * c) = xk[u];
+              *reinterpret_cast<uint4*>(Qs + r * LDK + 8 * c) = xq[u];
+            }
+          }
         }
-        *reinterpret_cast<uint4*>(Ks + r * LDK + 8 * c) = xk;
-        *reinterpret_cast<uint4*>(Qs + r * LDK + 8 * c) = xq;
-      }
-      for (int idx = opaque(tid); idx < R * (SW::DVB / 8); idx += SW::kThreads) {
-        const int c = idx % (SW::DVB / 8), r = idx / (SW::DVB / 8);
-        uint4 x = make_uint4(0u, 0u, 0u, 0u);
-        if (r < nrows) x = *reinterpret_cast<const uint4*>(vh + (c0 + r) * p.v_token + 8 * c);
-        *reinterpret_cast<uint4*>(Vs + r * SW::LDV + 8 * c) = x;
+        *reinterpret_cast<uint4*>(Vs + vr * SW::LDV + 8 * vc) = xv;
       }
       if (warp == 0) {
         // G over lanes 0-15 (rows past the end have gate 0, so G repeats G_last there).
+        const float gb = gate_beta_value(p, gb_bits, gb_idx);
         float G = gb;
 #pragma unroll
         for (int off = 1; off < R; off *= 2) {
@@ -206,25 +229,61 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
         gram(kk, Ks, Ks);
         each(kk, [&](int i, int j, float v) { As[i * LDA + j] = j < i ? bs[i] * v : 0.0f; });
         __syncwarp();
-        if (lane < R) {  // column `lane` of Tu by forward substitution, then of Mt
-          const int j = lane;
-          float x[R];
+        // Tu = [T11 0; T21 T22] in 8 x 8 blocks, fp32: lanes 0-7 solve column `lane` of T11 and
+        // lanes 8-15 column lane - 8 of T22 by forward substitution (two chains of 28 FMAs at once,
+        // where the whole 16 x 16 one was a chain of 120); T22 goes to A22's place, then lanes 0-7
+        // form T21 = -T22 (A21 T11). Rows at or past nrows are zero in A (zero K rows), so their
+        // column entries are those of I and are not computed.
+        const int jj = lane & 7, r0 = lane & 8;
+        float x[8], z[8];
+        if (lane < R) {
 #pragma unroll
-          for (int i = 0; i < R; ++i) {
+          for (int i = 0; i < 8; ++i) {
             float s = 0.0f;
+            if (r0 + i < nrows) {
+              const float* const arow = As + (r0 + i) * LDA + r0;
 #pragma unroll
-            for (int m4 = 0; m4 < i; m4 += 4) {  // row i's first i entries as 16-byte broadcast loads
-              const float4 a = *reinterpret_cast<const float4*>(As + i * LDA + m4);
-              const float av[4] = {a.x, a.y, a.z, a.w};
+              for (int m4 = 0; m4 < i; m4 += 4) {  // the row's first i entries as 16-byte loads
+                const float4 a = *reinterpret_cast<const float4*>(arow + m4);
+                const float av[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-              for (int m = m4; m < m4 + 4 && m < i; ++m) s += av[m - m4] * x[m];
+                for (int m = m4; m < m4 + 4 && m < i; ++m) s += av[m - m4] * x[m];
+              }
             }
-            x[i] = (i == j ? 1.0f : 0.0f) - s;
+            x[i] = (i == jj ? 1.0f : 0.0f) - s;
           }
+        }
+        __syncwarp();  // A22 read
+        if (lane >= 8 && lane < R)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) As[(8 + i) * LDA + lane] = x[i];
+        __syncwarp();  // T22 written
+#pragma unroll
+        for (int r = 0; r < 8; ++r) z[r] = 0.0f;
+        if (lane < 8 && nrows > 8) {
+          float y[8];  // A21 T11[:, jj]
+#pragma unroll
+          for (int r = 0; r < 8; ++r) {
+            const float4 a0 = *reinterpret_cast<const float4*>(As + (8 + r) * LDA);
+            const float4 a1 = *reinterpret_cast<const float4*>(As + (8 + r) * LDA + 4);
+            y[r] = a0.x * x[0] + a0.y * x[1] + a0.z * x[2] + a0.w * x[3] + a1.x * x[4] + a1.y * x[5] +
+                   a1.z * x[6] + a1.w * x[7];
+          }
+#pragma unroll
+          for (int r = 0; r < 8; ++r) {  // -T22 y (T22 lower triangular: its upper entries are stored zeros)
+            const float4 t0 = *reinterpret_cast<const float4*>(As + (8 + r) * LDA + 8);
+            const float4 t1 = *reinterpret_cast<const float4*>(As + (8 + r) * LDA + 12);
+            z[r] = -(t0.x * y[0] + t0.y * y[1] + t0.z * y[2] + t0.w * y[3] + t1.x * y[4] + t1.y * y[5] +
+                     t1.z * y[6] + t1.w * y[7]);
+          }
+        }
+        if (lane < R) {  // column `lane` of Mt = D .* Tu diag(beta) as hi + lo; zero rows past nrows
+          const int j = lane;
           const float gj = Gs[j], bj = bs[j];
 #pragma unroll
           for (int i = 0; i < R; ++i) {
-            const float mt = i >= j ? x[i] * fast_exp(Gs[i] - gj) * bj : 0.0f;
+            const float tu = i < 8 ? (lane < 8 ? x[i] : 0.0f) : (lane < 8 ? z[i - 8] : x[i - 8]);
+            const float mt = i >= j && i < nrows ? tu * fast_exp(Gs[i] - gj) * bj : 0.0f;
             const T hi = from_f32<T>(mt);
             Mh[i * LDM + j] = hi;
             Ml[i * LDM + j] = from_f32<T>(mt - to_f32<T>(hi));

@@ -33,7 +33,7 @@ WalkGrid walk_grid(const detail::Shape& s, int cols, bool packed, bool fused, in
 }
 
 bool short_walk_takes(const detail::Shape& s, bool packed, std::int64_t max_seq_len) {
-  constexpr std::int64_t kMaxLen = 16, kMaxMean = 16, kMaxUnknownTokens = 1024;
+  constexpr std::int64_t kMaxLen = 32, kMaxMean = 16, kMaxUnknownTokens = 1024;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1);
   const std::int64_t longest = max_seq_len > 0 ? max_seq_len : packed ? 0 : s.uniform_len;
   if (longest > 0) return longest <= kMaxLen;

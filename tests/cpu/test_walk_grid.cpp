@@ -63,9 +63,10 @@ TEST(WalkGrid, ShortWalkTakesShortSequences) {
   SCOPED_TRACE("qwen35-16x64-decode-like-n256-t512: packed, 256 x 2 tokens");
   EXPECT_TRUE(short_walk_takes(shape(64, 256, 512), true, 0));
   EXPECT_TRUE(short_walk_takes(shape(64, 256, 512), true, 2));
-  SCOPED_TRACE("the hint decides where given: 16 tokens yes, 17 no, whatever the mean");
-  EXPECT_TRUE(short_walk_takes(shape(64, 100, 1500), true, 16));
-  EXPECT_FALSE(short_walk_takes(shape(64, 100, 1500), true, 17));
+  SCOPED_TRACE("the hint decides where given: 32 tokens yes, 33 no, whatever the mean");
+  EXPECT_TRUE(short_walk_takes(shape(64, 100, 1500), true, 32));
+  EXPECT_FALSE(short_walk_takes(shape(64, 100, 1500), true, 33));
+  EXPECT_FALSE(short_walk_takes(shape(64, 256, 512), true, 33));
   EXPECT_FALSE(short_walk_takes(shape(64, 256, 512), true, 300));
   SCOPED_TRACE("uniform lengths (no cu_seqlens) are known");
   auto uniform = [](std::int64_t seqs, std::int64_t len) {
@@ -74,8 +75,8 @@ TEST(WalkGrid, ShortWalkTakesShortSequences) {
     return s;
   };
   EXPECT_TRUE(short_walk_takes(uniform(100, 15), false, 0));
-  EXPECT_TRUE(short_walk_takes(uniform(100, 16), false, 0));
-  EXPECT_FALSE(short_walk_takes(uniform(100, 17), false, 0));
+  EXPECT_TRUE(short_walk_takes(uniform(100, 32), false, 0));
+  EXPECT_FALSE(short_walk_takes(uniform(100, 33), false, 0));
   SCOPED_TRACE("packed lengths unknown: a mean of 16 up to 1,024 tokens in all");
   EXPECT_TRUE(short_walk_takes(shape(64, 64, 1024), true, 0));
   EXPECT_FALSE(short_walk_takes(shape(64, 100, 1500), true, 0));

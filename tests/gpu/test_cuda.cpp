@@ -966,7 +966,7 @@ TEST_F(Cuda, PlanReportsKernel) {
                             Expect{8, 1, 8192, 128, nullptr}, Expect{4, 64, 64 * 300, 64, nullptr},
                             Expect{(sms - 4) / 2, 1, 16384, 128, "cuda-fused-sm90-bf16-k128-v64"},
                             Expect{sms, 100, 100 * 40, 128, nullptr},
-                            Expect{sms, 100, 100 * 15, 128, "cuda-short-bf16-k128-w8"},
+                            Expect{sms, 100, 100 * 32, 128, "cuda-short-bf16-k128-w8"},
                             Expect{sms, 100, 200, 128, "cuda-short-bf16-k128-w8"}}) {
       Problem p = cuda_problem();
       p.num_q_heads = p.num_k_heads = p.num_v_heads = static_cast<int>(e.heads);
@@ -992,9 +992,9 @@ TEST_F(Cuda, PlanReportsKernel) {
     EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()), "cuda-short-bf16-k128-w8");
     p.total_tokens = 1500;
     EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()).rfind("cuda-split-", 0), 0u);
-    p.max_seq_len = 16;
+    p.max_seq_len = 32;
     EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()), "cuda-short-bf16-k128-w8");
-    p.max_seq_len = 17;
+    p.max_seq_len = 33;
     EXPECT_EQ(std::string(Plan::create(p, unsplit).kernel_name()).rfind("cuda-split-", 0), 0u);
   }
   for (DType dt : {DType::bf16, DType::f16})
