@@ -234,18 +234,25 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
 //     the cost model puts them under 95% of the split path (fused64_pays, cp_model.cpp): 11-12%
 //     faster than the split path on single sequences of 4K-32K tokens at 64 heads; at 32 heads
 //     the split path, with twice the CTAs, is faster by the model.
-// Neither with sequences under two chunks on average (the split path was 1.7x faster at two
-// tokens per sequence; lengths between 2 and 410 tokens were not measured) nor at dv = 64 (not
-// measured).
+// 128-column blocks need sequences of more than 32 tokens on average: measured against the split
+// path (256 sequences, 64 heads) 16-23% faster at 48 and 64 tokens, 12% at 96 and on 1 to 128
+// tokens (random), level at 32, 10% slower at 24, where the short walk is faster than both
+// (docs/perf-notes.md, "The fused kernel on short sequences"). 64-column blocks need two chunks on
+// average (shorter ones not measured). Not at dv = 64 (not measured).
 // split_warps: the walk warps per CTA of the split path the planner would run instead (0: none).
 const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin,
                                 int split_warps) {
   if (!kFusedByDefault || s.dv != 128 || !fused_sizes_ok(s.T, s.N)) return nullptr;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
-  if (tokens_per_seq < 2 * kChunk) return nullptr;
+  constexpr std::int64_t kMinMeanTokens128 = 33;
   int dvb = 0;
-  if (2 * walks >= c.sm_count) dvb = 128;
-  else if (tokens_per_seq <= 16 * kChunk || split_warps == 0 || fused64_pays(s, c.sm_count, split_warps)) dvb = 64;
+  if (2 * walks >= c.sm_count) {
+    if (tokens_per_seq < kMinMeanTokens128) return nullptr;
+    dvb = 128;
+  } else {
+    if (tokens_per_seq < 2 * kChunk) return nullptr;
+    if (tokens_per_seq <= 16 * kChunk || split_warps == 0 || fused64_pays(s, c.sm_count, split_warps)) dvb = 64;
+  }
   const SplitKernel* k = dvb ? find_fused_kernel(problem.qkv_dtype, s.dk, dvb) : nullptr;
   if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin)) return nullptr;
   return k;

@@ -443,7 +443,9 @@ TEST_F(Cuda, WalkCtaSizes) {
         Spec s;
         s.Hq = s.Hk = s.Hv = 1;
         s.lens.clear();
-        for (int n = 0; n < seqs; ++n) s.lens.push_back(n % 7 == 3 ? 0 : 20 + (n * 53) % 140);
+        // Lengths of 0 to 62 tokens, the longest over 32 (not the short walk's) and the mean under
+        // 33 (not the fused kernel's).
+        for (int n = 0; n < seqs; ++n) s.lens.push_back(n % 7 == 3 ? 0 : n % 2 == 0 ? 33 + (n * 53) % 30 : 1 + (n * 13) % 8);
         s.dk = dk;
         s.dv = 128;
         s.qkv = dt;
@@ -452,8 +454,10 @@ TEST_F(Cuda, WalkCtaSizes) {
         s.seed = 1050 + i++;
         std::string kernel;
         check_case(s, "walk CTA sizes N=" + std::to_string(seqs) + " dk=" + std::to_string(dk), &kernel);
-        // The split path's CTA sizes by their suffix (-w1 .. -w8); the fused kernel (one size) as such.
-        kernels.insert(kernel.rfind("cuda-fused-", 0) == 0 ? "fused" : kernel.substr(kernel.rfind('-') + 1));
+        // The split path's CTA sizes by their suffix (-w1 .. -w8); the fused kernel and the short walk as such.
+        kernels.insert(kernel.rfind("cuda-fused-", 0) == 0   ? "fused"
+                       : kernel.rfind("cuda-short-", 0) == 0 ? "short"
+                                                             : kernel.substr(kernel.rfind('-') + 1));
       }
   std::string seen;
   for (const std::string& k : kernels) seen += k + " ";
@@ -923,8 +927,12 @@ TEST_F(Cuda, PlanReportsKernel) {
         const bool fused = name.rfind("cuda-fused-sm90-", 0) == 0;
         EXPECT_TRUE(wgmma || fused || name.rfind("cuda-split-mma-", 0) == 0) << name;
         if (wgmma || fused) EXPECT_TRUE(major == 9 && minor == 0) << name;
-        // 100 tokens per sequence: under the two chunks the planner wants for the fused kernel.
-        EXPECT_FALSE(fused) << name;
+        // 100 tokens per sequence: the fused kernel's 128-column blocks where its 2,000 walks fill
+        // the SMs (more than 32 tokens per sequence on average), not for one sequence (its 64-column
+        // blocks want two chunks).
+        const bool fused_expected =
+            seqs == 1000 && d == 128 && major == 9 && minor == 0 && cuda::find_fused_kernel(dt, 128, 128) != nullptr;
+        EXPECT_EQ(fused, fused_expected) << name;
         const bool v64 = name.size() > 4 && name.substr(name.size() - 4) == "-v64";
         const cuda::SplitKernel* k = fused ? cuda::find_fused_kernel(dt, d, v64 ? 64 : 128) : nullptr;
         for (int w : {1, 2, 4, 8})
@@ -965,7 +973,7 @@ TEST_F(Cuda, PlanReportsKernel) {
                             Expect{8, 1, 512, 128, "cuda-fused-sm90-bf16-k128-v64"},
                             Expect{8, 1, 8192, 128, nullptr}, Expect{4, 64, 64 * 300, 64, nullptr},
                             Expect{(sms - 4) / 2, 1, 16384, 128, "cuda-fused-sm90-bf16-k128-v64"},
-                            Expect{sms, 100, 100 * 40, 128, nullptr},
+                            Expect{sms, 100, 100 * 40, 128, "cuda-fused-sm90-bf16-k128"},
                             Expect{sms, 100, 100 * 32, 128, "cuda-short-bf16-k128-w8"},
                             Expect{sms, 100, 200, 128, "cuda-short-bf16-k128-w8"}}) {
       Problem p = cuda_problem();
