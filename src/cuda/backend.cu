@@ -244,10 +244,10 @@ const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, 
                                 int split_warps) {
   if (!kFusedByDefault || s.dv != 128 || !fused_sizes_ok(s.T, s.N)) return nullptr;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
-  constexpr std::int64_t kMinMeanTokens128 = 33;
+  constexpr std::int64_t kMaxShortMean = 32;  // tokens per sequence (mean) left to the other paths at 128 columns
   int dvb = 0;
   if (2 * walks >= c.sm_count) {
-    if (tokens_per_seq < kMinMeanTokens128) return nullptr;
+    if (s.T <= kMaxShortMean * n) return nullptr;
     dvb = 128;
   } else {
     if (tokens_per_seq < 2 * kChunk) return nullptr;

@@ -2,7 +2,7 @@
 // for batches of short sequences (decode-like prefills, a few speculative tokens per request). The
 // split path runs a prep CTA and a walk CTA per (sequence, head), each staging 64-token tiles, and
 // the fused kernel runs a full record per walk: either costs microseconds per walk whatever its
-// length. Here one CTA does a 16-token chunk in a few steps with 15-25 KB of shared memory (two
+// length. Here one CTA does a 16-token chunk in a few steps with 13-25 KB of shared memory (two
 // 8-warp CTAs per SM, by their 128 registers).
 //
 // A CTA of W warps covers 16 W value columns of one head: grid (dv / 16 W, H, min(N, 65535)),

@@ -247,14 +247,16 @@ TEST(Emulated, WalkPoliciesAndHeadDims) {
     }
 }
 
-// The short walk (16-token chunks): sequences of 0 to 40 tokens (one, two and three chunks, tails);
+// The short walk (16-token chunks): sequences of 0 to 40 tokens (one, two and three chunks, tails
+// of 1-8 and 9-15 rows);
 // 16 of the 64 option combinations, each option toggled (gates, beta, initial and final states,
 // both layouts, both gate conventions; the state in place where both are on and bits is odd); GVA
-// and GQA; both dtypes and head sizes; CTAs of 8, 4, 2 and 1 warps; a grid that strides over sequences.
+// and GQA; both dtypes and head sizes; CTAs of 8, 4, 2 and 1 warps; grids that stride over
+// sequences (z of 2 and 3: a CTA walks several, empty ones among them).
 TEST(Emulated, ShortWalk) {
   for (int bits = 0; bits < 16; ++bits) {
     Spec s;
-    s.lens = {2, 0, 16, 17, 1, 40, 5};
+    s.lens = {2, 0, 16, 17, 1, 40, 5, 0, 0, 3, 12, 25};
     s.Hq = s.Hk = 1;
     s.Hv = 2;
     test::set_option_bits(s, bits * 4 + bits % 4);
@@ -266,7 +268,7 @@ TEST(Emulated, ShortWalk) {
     if (bits % 6 == 1) std::swap(s.Hq, s.Hv);  // GQA
     s.in_place = s.initial_state && s.final_state && bits % 2 == 1;
     s.seed = 2600 + bits;
-    check(s, kShort, bits % 2 ? 3 : 65535);
+    check(s, kShort, bits % 4 == 3 ? 2 : bits % 2 ? 3 : 65535);  // z < N: CTAs walking several sequences
   }
 }
 
