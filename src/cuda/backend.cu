@@ -224,35 +224,13 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
 }
 
 // The fused kernel (one CTA per (value block, head, sequence list): the prep's work and the walk
-// in one pass, no records in global memory) where the device runs it and it was measured faster
-// than the split path (H200, all benchmark rows at dv = 128, docs/perf-notes.md "Fused kernel,
-// second version"):
-//   - 128-column blocks when the walks (sequence, head) fill at least half the SMs: 10-15% faster
-//     than the split path on every such row with sequences of 410+ tokens on average;
-//   - 64-column blocks (one state warpgroup, twice the CTAs, in pairs that share their records)
-//     when those still fit in one wave and the sequences are short (up to 16 chunks), or where
-//     the cost model puts them under 95% of the split path (fused64_pays, cp_model.cpp): 11-12%
-//     faster than the split path on single sequences of 4K-32K tokens at 64 heads; at 32 heads
-//     the split path, with twice the CTAs, is faster by the model.
-// 128-column blocks need sequences of more than 32 tokens on average: measured against the split
-// path (256 sequences, 64 heads) 16-23% faster at 48 and 64 tokens, 12% at 96 and on 1 to 128
-// tokens (random), level at 32, 10% slower at 24, where the short walk is faster than both
-// (docs/perf-notes.md, "The fused kernel on short sequences"). 64-column blocks need two chunks on
-// average (shorter ones not measured). Not at dv = 64 (not measured).
+// in one pass, no records in global memory) where the device runs it and fused_columns
+// (cp_model.h: the measured rules, host arithmetic) picks a column block for the shape.
 // split_warps: the walk warps per CTA of the split path the planner would run instead (0: none).
 const SplitKernel* choose_fused(const Problem& problem, const detail::Shape& s, const Config& c, int smem_optin,
                                 int split_warps) {
-  if (!kFusedByDefault || s.dv != 128 || !fused_sizes_ok(s.T, s.N)) return nullptr;
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
-  constexpr std::int64_t kMaxShortMean = 32;  // tokens per sequence (mean) left to the other paths at 128 columns
-  int dvb = 0;
-  if (2 * walks >= c.sm_count) {
-    if (s.T <= kMaxShortMean * n) return nullptr;
-    dvb = 128;
-  } else {
-    if (tokens_per_seq < 2 * kChunk) return nullptr;
-    if (tokens_per_seq <= 16 * kChunk || split_warps == 0 || fused64_pays(s, c.sm_count, split_warps)) dvb = 64;
-  }
+  if (!kFusedByDefault || !fused_sizes_ok(s.T, s.N)) return nullptr;
+  const int dvb = fused_columns(s, c.sm_count, split_warps);
   const SplitKernel* k = dvb ? find_fused_kernel(problem.qkv_dtype, s.dk, dvb) : nullptr;
   if (k == nullptr || !walk_runs_on(*k, c) || !fits(*k, smem_optin)) return nullptr;
   return k;

@@ -62,6 +62,15 @@ bool fused64_pays(const detail::Shape& s, int sms, int split_warps) {
   return cp_unsplit_cost({true, 4}, s, sms) < kFused64Pays * cp_unsplit_cost({false, split_warps}, s, sms);
 }
 
+int fused_columns(const detail::Shape& s, int sms, int split_warps) {
+  constexpr std::int64_t kMaxShortMean = 32;  // tokens per sequence (mean) left to the other paths at 128 columns
+  if (s.dv != 128) return 0;
+  const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
+  if (2 * walks >= sms) return s.T > kMaxShortMean * n ? 128 : 0;
+  if (tokens_per_seq < 2 * kChunkTokens) return 0;
+  return tokens_per_seq <= 16 * kChunkTokens || split_warps == 0 || fused64_pays(s, sms, split_warps) ? 64 : 0;
+}
+
 // Equal lengths; a sequence no longer than a segment is walked whole (the device cuts each
 // sequence by its own length). With the decay shortcut (cut) the map walks and the corrections
 // are taken to stop after kCutChunks chunks (the gates are on the device: this is the model of

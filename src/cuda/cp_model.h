@@ -36,6 +36,19 @@ double cp_unsplit_cost(UnsplitKernel k, const detail::Shape& s, int sms);
 constexpr double kFused64Pays = 0.95;
 bool fused64_pays(const detail::Shape& s, int sms, int split_warps);
 
+// The fused kernel's value columns per CTA by default (0: not the fused kernel; the caller checks
+// the device, the build and the size limits), on a device of `sms` SMs, split_warps as above (0:
+// no split path to compare with). Measured on an H200 (docs/perf-notes.md, "Fused kernel, second
+// version" and "The fused kernel on short sequences"):
+//   - 128 where the walks (sequence, head) fill at least half the SMs and sequences average more
+//     than 32 tokens: against the split path 10-15% faster from 410 tokens, 16-23% at 48 and 64
+//     (256 sequences, 64 heads), level at 32, 10% slower at 24 (the short walk is faster there);
+//   - 64 (CTA pairs sharing their records) for fewer walks of 2 to 16 chunks on average, or longer
+//     ones where fused64_pays: 11-12% faster than the split path on single sequences of 4K-32K
+//     tokens at 64 heads; at 32 heads the split path, with twice the CTAs, is faster by the model;
+//   - 0 at dv != 128 (not measured) and for fewer walks under two chunks (not measured).
+int fused_columns(const detail::Shape& s, int sms, int split_warps);
+
 // Estimated device time (us) of a split into segments of seg_chunks chunks, stage 1 on dvb-column
 // CTAs (cut: the decay shortcut; pairs: CpChoice::pairs, dvb 128 and exact).
 double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut, bool pairs = false);

@@ -17,6 +17,7 @@ using gdnkit::cuda::cp_split_cost;
 using gdnkit::cuda::cp_unsplit_cost;
 using gdnkit::cuda::CpChoice;
 using gdnkit::cuda::fused64_pays;
+using gdnkit::cuda::fused_columns;
 using gdnkit::cuda::UnsplitKernel;
 
 using gdnkit::test::kH200Sms;
@@ -197,6 +198,31 @@ TEST(CpModel, DecayShortcut) {
   // Its map walks stop after two chunks: the split costs less than the exact one.
   const auto s = shape(32, 1, 65536);
   EXPECT_LT(cp_split_cost(s, kH200Sms, 256, 128, true), cp_split_cost(s, kH200Sms, 256, 128, false));
+}
+
+// The fused kernel's column block by default (fused_columns), on an H200's 132 SMs: the boundaries
+// of its measured rules (docs/perf-notes.md, "The fused kernel on short sequences").
+TEST(CpModel, FusedColumns) {
+  // Many walks: 128 columns above a mean of 32 tokens (T > 32 N), whatever the split path.
+  EXPECT_EQ(fused_columns(shape(64, 256, 64), kH200Sms, 8), 128);
+  EXPECT_EQ(fused_columns(shape(64, 256, 33), kH200Sms, 8), 128);
+  EXPECT_EQ(fused_columns(shape(64, 256, 32), kH200Sms, 8), 0);
+  EXPECT_EQ(fused_columns(gdnkit::test::mha_shape(64, 256, 256 * 32 + 1), kH200Sms, 8), 128);  // mean 32.004
+  EXPECT_EQ(fused_columns(shape(64, 2, 16384), kH200Sms, 8), 128);
+  EXPECT_EQ(fused_columns(shape(1, 66, 100), kH200Sms, 1), 128);  // 66 walks: half the SMs
+  // Few walks: 64 columns from two chunks up to 16, beyond by the model; none under two chunks.
+  EXPECT_EQ(fused_columns(shape(1, 65, 100), kH200Sms, 1), 0);
+  EXPECT_EQ(fused_columns(shape(8, 1, 127), kH200Sms, 1), 0);
+  EXPECT_EQ(fused_columns(shape(8, 1, 128), kH200Sms, 1), 64);
+  EXPECT_EQ(fused_columns(shape(8, 1, 1024), kH200Sms, 1), 64);
+  EXPECT_EQ(fused_columns(shape(8, 1, 32768), kH200Sms, 1), 0);  // fused64_pays: no (above)
+  EXPECT_EQ(fused_columns(shape(64, 1, 16384), kH200Sms, 4), 64);  // 64 walks, under half: the pairs pay
+  EXPECT_EQ(fused_columns(shape(32, 1, 16384), kH200Sms, 2), 0);
+  EXPECT_EQ(fused_columns(shape(32, 1, 16384), kH200Sms, 0), 64);  // no split path to compare with
+  // dv = 64: not measured, never.
+  auto dv64 = shape(64, 256, 64);
+  dv64.dv = 64;
+  EXPECT_EQ(fused_columns(dv64, kH200Sms, 8), 0);
 }
 
 }  // namespace
