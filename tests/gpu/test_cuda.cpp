@@ -446,7 +446,8 @@ TEST_F(Cuda, WalkCtaSizes) {
         // Lengths of 0 to 62 tokens, the longest over 32 (not the short walk's) and the mean at
         // most 32 where the walks are many (not the fused kernel's; one sequence of 33 tokens is too
         // few walks for its 128-column CTAs and too short for its 64-column ones).
-        for (int n = 0; n < seqs; ++n) s.lens.push_back(n % 7 == 3 ? 0 : n % 2 == 0 ? 33 + (n * 53) % 30 : 1 + (n * 13) % 8);
+        for (int n = 0; n < seqs; ++n)
+          s.lens.push_back(n % 7 == 3 ? 0 : n % 2 == 0 ? 33 + (n * 53) % 30 : 1 + (n * 13) % 8);
         s.dk = dk;
         s.dv = 128;
         s.qkv = dt;
