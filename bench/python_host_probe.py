@@ -5,9 +5,10 @@
 
 Times the call itself (the GPU work is queued, then waited for outside the timed span) for the
 split row qwen35tp8-2x8-b1-t8192 as the planner runs it, unsplit (segments=1) and with the
-max_seq_len hint, for fixed-b1-t512, the binding's _forward alone, the torch pieces of a call
-(allocations, the stream query, reading five tensors' attributes), and one torch launch (x.add_(1))
-as the machine's yardstick; prints the medians."""
+max_seq_len hint, for fixed-b1-t512, the binding's _forward alone, the torch pieces of a call as
+torch's Python API gives them (allocations, the stream query, reading five tensors' attributes:
+what the binding pays where torch has no DLPack C exchange table), and one torch launch
+(x.add_(1)) as the machine's yardstick; prints the medians."""
 import argparse
 import os
 import statistics
@@ -38,10 +39,16 @@ def main():
     q = split["q"]
     raw_stream = torch._C._cuda_getCurrentRawStream
 
+    # The binding asks torch for the current stream itself (stream None); builds before it had the
+    # caller pass it.
+    asks_torch = hasattr(_gdnkit, "_torch_exchange_table")
+
     def forward(x, segments=None):  # the binding alone, without the Python wrapper
         return lambda: _gdnkit._forward(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, False,
-                                        x["cu_seqlens"], "log", "kv", False, raw_stream(0), None, segments,
-                                        None, None)
+                                        x["cu_seqlens"], "log", "kv", False, None if asks_torch else raw_stream(0),
+                                        None, segments, None, None)
+    print(f"torch {torch.__version__}; {gdnkit.__file__}; the binding reads torch tensors through DLPack's C "
+          f"exchange table: {asks_torch and _gdnkit._torch_exchange_table()}")
     variants = {"tp8-t8192, planner (split)": call(split),
                 "tp8-t8192, segments=1": call(split, segments=1),
                 "tp8-t8192, max_seq_len": call(split, max_seq_len=8192),

@@ -24,18 +24,12 @@ __all__ = ["chunk_gated_delta_rule", "cuda_available", "__version__"]
 
 
 def _current_stream(q):
-    """The stream (as an integer cudaStream_t) that q's framework is using on q's device; 0 for
-    host tensors and for frameworks whose current stream is not known here (the legacy default
-    stream)."""
-    is_cuda = getattr(q, "is_cuda", None)
-    if is_cuda is not None:  # torch (it is imported: q is one of its tensors)
-        if not is_cuda:
-            return 0
-        torch = _sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's own kernels use
-        if raw is not None:
-            return raw(q.get_device())
-        return torch.cuda.current_stream(q.device).cuda_stream
+    """The stream (as an integer cudaStream_t) that q's framework is using on q's device: None for
+    torch tensors (the binding asks torch itself, through DLPack's C exchange table where torch
+    has one), 0 for host tensors and for frameworks whose current stream is not known here (the
+    legacy default stream)."""
+    if getattr(q, "is_cuda", None) is not None:  # torch (it is imported: q is one of its tensors)
+        return None
     cupy = _sys.modules.get("cupy")
     if cupy is not None and isinstance(q, cupy.ndarray):
         with q.device:

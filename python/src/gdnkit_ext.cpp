@@ -244,6 +244,53 @@ void read_dlpack(Tensor& t) {
 
 // ---- torch path ----
 
+// DLPack's C exchange table (DLPack 1.3, `__dlpack_c_exchange_api__` on a tensor type, a capsule
+// named "dlpack_exchange_api"): C functions that describe a tensor, allocate one and give the
+// framework's current stream without any Python-level call. torch provides it from 2.10; the
+// binding uses it for torch.Tensor where its major version is 1. Only the fields the binding
+// reads are spelled out; the layout is DLPack's stable ABI (dlpack.h).
+namespace dl {
+struct Version {
+  std::uint32_t major, minor;
+};
+struct Device {
+  std::int32_t type, id;  // kDLCPU = 1, kDLCUDA = 2
+};
+struct DataType {
+  std::uint8_t code, bits;
+  std::uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  std::int32_t ndim;
+  DataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // in elements; null: compact row-major
+  std::uint64_t byte_offset;
+};
+struct Managed {
+  Version version;
+  void* manager_ctx;
+  void (*deleter)(Managed* self);
+  std::uint64_t flags;
+  Tensor dl_tensor;
+};
+using SetError = void (*)(void* ctx, const char* kind, const char* message);
+struct ExchangeApi {
+  struct Header {
+    Version version;
+    Header* prev_api;
+  } header;
+  int (*managed_tensor_allocator)(Tensor* prototype, Managed** out, void* error_ctx, SetError set_error);
+  int (*managed_tensor_from_py_object_no_sync)(void* py_object, Managed** out);
+  int (*managed_tensor_to_py_object_no_sync)(Managed* tensor, void** out_py_object);
+  int (*dltensor_from_py_object_no_sync)(void* py_object, Tensor* out);
+  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id, void** out_stream);
+};
+constexpr std::int32_t kCPU = 1, kCUDA = 2;
+}  // namespace dl
+
 struct Torch {
   PyObject* tensor = nullptr;  // torch.Tensor
   PyObject* parameter = nullptr;  // torch.nn.Parameter
@@ -251,8 +298,30 @@ struct Torch {
           *u8 = nullptr;
   PyObject *s_data_ptr = nullptr, *s_dtype = nullptr, *s_shape = nullptr, *s_stride = nullptr,
            *s_is_cuda = nullptr, *s_is_cpu = nullptr, *s_get_device = nullptr, *s_new_empty = nullptr;
+  // torch._C._cuda_getCurrentRawStream (null where this torch has none): the stream without the table.
+  PyObject* raw_stream = nullptr;
+  // The exchange table of torch.Tensor, or null (an older torch, or another major version).
+  const dl::ExchangeApi* api = nullptr;
 };
 Torch TT;  // filled the first time a call finds torch imported; never released (see Globals)
+// The exchange table of a tensor type, where it has one of major version 1 with every function the
+// binding calls; null otherwise (no error set).
+const dl::ExchangeApi* exchange_api(PyObject* type) {
+  nb::object cap = nb::steal(PyObject_GetAttrString(type, "__dlpack_c_exchange_api__"));
+  if (!cap.is_valid()) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  auto* api = static_cast<const dl::ExchangeApi*>(PyCapsule_GetPointer(cap.ptr(), "dlpack_exchange_api"));
+  if (!api) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  if (api->header.version.major != 1 || !api->managed_tensor_allocator || !api->managed_tensor_to_py_object_no_sync ||
+      !api->dltensor_from_py_object_no_sync || !api->current_work_stream)
+    return nullptr;
+  return api;  // static in the framework: valid for the process's lifetime
+}
 
 // True once torch is imported (looked up in sys.modules: gdnkit never imports torch itself).
 bool torch_ready() {
@@ -281,7 +350,10 @@ bool torch_ready() {
       *slot = PyUnicode_InternFromString(name);
       if (!*slot) throw nb::python_error();
     }
+    if (nb::object c = nb::getattr(torch.attr("_C"), "_cuda_getCurrentRawStream", nb::none()); !c.is_none())
+      t.raw_stream = c.release().ptr();
     t.tensor = keep("Tensor");  // last: marks TT as complete
+    t.api = exchange_api(t.tensor);
     TT = t;
   } catch (const nb::python_error&) {
     return false;  // a torch without these attributes: the DLPack path handles its tensors
@@ -295,9 +367,49 @@ bool is_torch(nb::handle obj) {
   return type == TT.tensor || type == TT.parameter;
 }
 
-// Reads a torch tensor through its attributes; false (no error set) when anything is unusual, and
-// the DLPack path then takes over.
+// A torch.Tensor described by the exchange table (about a tenth of the attribute reads' time);
+// false (no error set) where anything is unusual: the attribute path then reads it, and gives its
+// messages (dtype names as torch spells them, the device).
+bool read_torch_table(Tensor& t) {
+  PyObject* o = t.obj.ptr();
+  if (!TT.api || Py_TYPE(o) != (PyTypeObject*)TT.tensor) return false;
+  dl::Tensor d;
+  if (TT.api->dltensor_from_py_object_no_sync(o, &d) != 0) {  // e.g. a torch that refuses requires_grad
+    PyErr_Clear();
+    return false;
+  }
+  if (d.ndim < 0 || d.ndim > kMaxDims || (d.ndim > 0 && !d.shape)) return false;
+  nb::dlpack::dtype dt;
+  dt.code = d.dtype.code;
+  dt.bits = d.dtype.bits;
+  dt.lanes = d.dtype.lanes;
+  const Elem elem = classify(dt);
+  if (elem == Elem::other) return false;
+  if (d.device.type == dl::kCPU) {
+    t.dev = Dev::host;
+    t.device_id = 0;
+  } else if (d.device.type == dl::kCUDA) {
+    t.dev = Dev::cuda;
+    t.device_id = d.device.id;
+  } else {
+    return false;
+  }
+  t.elem = elem;
+  t.ndim = d.ndim;
+  std::int64_t compact = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    t.shape[i] = d.shape[i];
+    t.strides[i] = d.strides ? d.strides[i] : compact;
+    compact *= d.shape[i];
+  }
+  t.data = static_cast<const char*>(d.data) + d.byte_offset;
+  return true;
+}
+
+// Reads a torch tensor through the exchange table or its attributes; false (no error set) when
+// anything is unusual, and the DLPack path then takes over.
 bool read_torch(Tensor& t) {
+  if (read_torch_table(t)) return true;
   PyObject* o = t.obj.ptr();
   auto get = [&](PyObject* name) { return nb::steal(PyObject_GetAttr(o, name)); };
   auto call = [&](PyObject* name) { return nb::steal(PyObject_CallMethodNoArgs(o, name)); };
@@ -359,6 +471,27 @@ Tensor import_tensor(nb::handle obj, const char* name) {
   t.present = true;
   if (!(is_torch(obj) && read_torch(t))) read_dlpack(t);
   return t;
+}
+
+// torch's current stream on a CUDA device: from the exchange table, else from
+// torch._C._cuda_getCurrentRawStream (what torch's own kernels use), else from
+// torch.cuda.current_stream(device).cuda_stream.
+std::uintptr_t torch_stream(int device) {
+  if (TT.api) {
+    void* s = nullptr;
+    if (TT.api->current_work_stream(dl::kCUDA, device, &s) != 0) throw nb::python_error();
+    return reinterpret_cast<std::uintptr_t>(s);
+  }
+  nb::object s;
+  if (TT.raw_stream) {
+    s = nb::borrow(TT.raw_stream)(device);
+  } else {
+    nb::object torch = nb::module_::import_("torch");
+    s = torch.attr("cuda").attr("current_stream")(device).attr("cuda_stream");
+  }
+  const auto h = reinterpret_cast<std::uintptr_t>(PyLong_AsVoidPtr(s.ptr()));
+  if (PyErr_Occurred()) throw nb::python_error();
+  return h;
 }
 
 void check_same_device(const Tensor& t, const Tensor& q) {
@@ -522,6 +655,10 @@ class Allocator {
     }
   }
 
+  // The exchange table's allocator for torch tensors (the framework's caching allocator on the
+  // current stream, as new_empty), or null: then like_q, float32 and uint8.
+  const dl::ExchangeApi* table() const { return kind_ == Torch ? TT.api : nullptr; }
+
   // Uninitialised arrays of `shape`: q's dtype, float32, uint8.
   nb::object like_q(nb::handle shape) {
     if (kind_ == Torch) return call(PyObject_CallMethodOneArg(q_.ptr(), TT.s_new_empty, shape.ptr()));
@@ -583,6 +720,68 @@ Tensor import_output(nb::handle obj, const char* name, const Tensor& q) {
     throw Error(Kind::unsupported, name, std::string(name) + ": the " + py_type_name(obj) +
                                              " allocated like q is not a packed array on q's device");
   return t;
+}
+
+// A packed torch tensor from the exchange table's allocator, on q's device: the caller's output
+// (a Python tensor, `obj`) or, with obj null, scratch released when this goes out of scope. Its
+// allocate() returns false (no error set) where the table's allocator refuses: the caller then
+// allocates through Python, which raises torch's own error (torch.OutOfMemoryError, ...).
+class TableTensor {
+ public:
+  TableTensor() = default;
+  TableTensor(const TableTensor&) = delete;
+  TableTensor& operator=(const TableTensor&) = delete;
+  ~TableTensor() {
+    if (m_ && m_->deleter) m_->deleter(m_);
+  }
+
+  bool allocate(const dl::ExchangeApi* api, const Tensor& q, const std::int64_t* dims, int n, dl::DataType dtype) {
+    dl::Tensor proto{};
+    proto.device = {q.dev == Dev::cuda ? dl::kCUDA : dl::kCPU, q.dev == Dev::cuda ? q.device_id : 0};
+    proto.ndim = n;
+    proto.dtype = dtype;
+    proto.shape = const_cast<std::int64_t*>(dims);
+    dl::Managed* m = nullptr;
+    if (api->managed_tensor_allocator(&proto, &m, nullptr, &ignore_error) != 0 || !m) return false;
+    m_ = m;
+    // What was asked for: shape, dtype and device, and packed (or empty).
+    const dl::Tensor& d = m->dl_tensor;
+    bool ok = d.ndim == n && d.dtype.code == dtype.code && d.dtype.bits == dtype.bits && d.dtype.lanes == 1 &&
+              d.device.type == proto.device.type && d.device.id == proto.device.id;
+    std::int64_t expect = 1;
+    bool empty = false;
+    for (int i = n - 1; ok && i >= 0; --i) {
+      ok = d.shape[i] == dims[i] && (!d.strides || dims[i] <= 1 || d.strides[i] == expect);
+      empty |= dims[i] == 0;
+      expect *= dims[i];
+    }
+    if (!ok || (!d.data && !empty)) return false;  // released by the destructor
+    data_ = static_cast<char*>(d.data) + d.byte_offset;
+    return true;
+  }
+  void* data() const { return data_; }
+  // Hands the tensor to Python (a torch.Tensor owning it).
+  nb::object to_python(const dl::ExchangeApi* api) {
+    void* obj = nullptr;
+    dl::Managed* const m = m_;
+    m_ = nullptr;  // stolen by the call, whatever its result
+    if (api->managed_tensor_to_py_object_no_sync(m, &obj) != 0 || !obj) throw nb::python_error();
+    return nb::steal(static_cast<PyObject*>(obj));
+  }
+
+ private:
+  static void ignore_error(void*, const char*, const char*) {}
+  dl::Managed* m_ = nullptr;
+  void* data_ = nullptr;
+};
+
+dl::DataType dl_dtype(Elem e) {
+  switch (e) {
+    case Elem::f16: return {2, 16, 1};   // kDLFloat
+    case Elem::bf16: return {4, 16, 1};  // kDLBfloat
+    case Elem::f32: return {2, 32, 1};
+    default: return {1, 8, 1};           // kDLUInt 8: the workspace's bytes
+  }
 }
 
 template <std::size_t N>
@@ -700,6 +899,9 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   if (q.dev == Dev::other) fail(Kind::unsupported, "q", "a CPU or CUDA tensor", device_str(q));
   for (const Tensor* t : {&k, &v, &g, &beta, &h0, &cu}) check_same_device(*t, q);
   p.memory = q.dev == Dev::host ? gdnkit::Memory::host : gdnkit::Memory::cuda;
+  // stream None for a torch CUDA tensor: torch's current stream on q's device.
+  if (stream_obj.is_none() && q.dev == Dev::cuda && torch_ready() && PyObject_TypeCheck(q_obj.ptr(), (PyTypeObject*)TT.tensor))
+    stream_handle = torch_stream(q.device_id);
 
   // Layout from q: [T, Hq, dk] (packed) or [B, T, Hq, dk] (batched).
   Lead lead;
@@ -822,21 +1024,34 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   }
   if (cu.present && p.memory == gdnkit::Memory::host && !validate) check_host_cu_seqlens(cu, p.total_tokens);
 
-  // Outputs, allocated like q.
+  // Outputs, allocated like q (torch tensors through the exchange table where this torch has one).
   Allocator alloc(q);
+  const dl::ExchangeApi* const table = alloc.table();
   std::int64_t o_dims[4];
   std::size_t o_n = 0;
   if (lead.n == 2) o_dims[o_n++] = lead.B;
   o_dims[o_n++] = lead.L;
   o_dims[o_n++] = H;
   o_dims[o_n++] = dv;
-  nb::object o_obj = alloc.like_q(make_shape(o_dims, o_n));
-  const Tensor o = import_output(o_obj, "o", q);
+  nb::object o_obj;
+  void* o_data = nullptr;
+  if (TableTensor o_t; table && o_t.allocate(table, q, o_dims, static_cast<int>(o_n), dl_dtype(q.elem))) {
+    o_data = o_t.data();
+    o_obj = o_t.to_python(table);
+  } else {
+    o_obj = alloc.like_q(make_shape(o_dims, o_n));
+    o_data = const_cast<void*>(import_output(o_obj, "o", q).data);
+  }
   nb::object hT_obj = nb::none();
-  Tensor hT;
+  float* hT_data = nullptr;
   if (p.want_final_state) {
-    hT_obj = alloc.float32(make_shape(state_dims, 4));
-    hT = import_output(hT_obj, "final_state", q);
+    if (TableTensor h_t; table && h_t.allocate(table, q, state_dims, 4, dl_dtype(Elem::f32))) {
+      hT_data = static_cast<float*>(h_t.data());
+      hT_obj = h_t.to_python(table);
+    } else {
+      hT_obj = alloc.float32(make_shape(state_dims, 4));
+      hT_data = static_cast<float*>(const_cast<void*>(import_output(hT_obj, "final_state", q).data));
+    }
   }
 
   gdnkit::Tensors t;
@@ -847,13 +1062,15 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   t.beta = beta.present ? beta.data : nullptr;
   t.cu_seqlens = cu.present ? cu.data : nullptr;
   t.initial_state = static_cast<const float*>(h0.present ? h0.data : nullptr);
-  t.o = const_cast<void*>(o.data);
-  t.final_state = p.want_final_state ? static_cast<float*>(const_cast<void*>(hT.data)) : nullptr;
+  t.o = o_data;
+  t.final_state = hT_data;
 
   // Workspace: host memory from the C++ heap; device memory from q's framework (its caching
-  // allocator for torch), 256-byte aligned.
+  // allocator for torch, on the current stream), 256-byte aligned, released on return (the
+  // allocator's stream order keeps it until the launches that use it are done).
   const std::size_t ws_bytes = P.workspace_bytes();
   std::unique_ptr<std::byte[], HostBuffer> host_ws;
+  TableTensor table_ws;
   nb::object dev_ws_obj;
   void* ws = nullptr;
   if (ws_bytes > 0) {
@@ -862,9 +1079,13 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
       ws = host_ws.get();
     } else {
       const std::int64_t dims[1] = {static_cast<std::int64_t>(ws_bytes + 256)};
-      dev_ws_obj = alloc.uint8(make_shape(dims, 1));
-      const Tensor dev_ws = import_output(dev_ws_obj, "workspace", q);
-      const auto addr = reinterpret_cast<std::uintptr_t>(dev_ws.data);
+      std::uintptr_t addr;
+      if (table && table_ws.allocate(table, q, dims, 1, dl_dtype(Elem::other))) {
+        addr = reinterpret_cast<std::uintptr_t>(table_ws.data());
+      } else {
+        dev_ws_obj = alloc.uint8(make_shape(dims, 1));
+        addr = reinterpret_cast<std::uintptr_t>(import_output(dev_ws_obj, "workspace", q).data);
+      }
       ws = reinterpret_cast<void*>((addr + 255) & ~std::uintptr_t(255));
     }
   }
@@ -896,6 +1117,9 @@ NB_MODULE(_gdnkit, m) {
   });
 
   m.attr("__version__") = GDNKIT_VERSION;
+  m.def("_torch_exchange_table", [] { return torch_ready() && TT.api != nullptr; },
+        "True when torch is imported and the binding reads, allocates and finds the stream of torch "
+        "tensors through DLPack's C exchange table (torch.Tensor.__dlpack_c_exchange_api__).");
   m.def("cuda_available", &gdnkit::cuda_available,
         "True when a CUDA device is present and usable from this process.");
   m.def("_forward", &forward, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),

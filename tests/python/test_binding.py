@@ -761,6 +761,37 @@ def test_torch_cpu_round_trip(rng, torch, dtype):
     assert torch.equal(o2, o)
 
 
+def test_torch_exchange_table(rng, torch):
+    """Where torch has DLPack's C exchange table the binding uses it (reads, outputs, stream), and
+    what it reads and allocates agrees with the attribute path (nn.Parameter, which the binding
+    reads through its attributes): views with a storage offset and strides, outputs that are plain
+    packed tensors of their own, no grad."""
+    from gdnkit import _gdnkit
+    if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        assert _gdnkit._torch_exchange_table()
+    T, dk = 70, 32
+    q, k, v, g, beta = make_inputs(rng, (T + 5,), 2, 2, 2, dk, dk, dtype=np.float32)
+    tq, tk, tv = (torch.from_numpy(x).to(torch.bfloat16)[5:] for x in (q, k, v))  # storage offset 5 tokens
+    assert tq.storage_offset() == 5 * 2 * dk
+    tg = torch.from_numpy(np.repeat(g, 2, axis=1))[5:, ::2]  # strides (4, 2)
+    assert tg.stride() == (4, 2) and torch.equal(tg, torch.from_numpy(g)[5:])
+    tb = torch.from_numpy(beta)[5:]
+    o, st = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, output_final_state=True)
+    for x, shape, dtype in ((o, (T, 2, dk), torch.bfloat16), (st, (1, 2, dk, dk), torch.float32)):
+        assert type(x) is torch.Tensor and x.dtype == dtype and tuple(x.shape) == shape and x.is_contiguous()
+        assert not x.requires_grad and x.storage_offset() == 0
+        assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
+    P = torch.nn.Parameter
+    o_attr, st_attr = gdnkit.chunk_gated_delta_rule(P(tq, requires_grad=False), P(tk, requires_grad=False),
+                                                    P(tv, requires_grad=False), P(tg, requires_grad=False),
+                                                    P(tb, requires_grad=False), output_final_state=True)
+    assert torch.equal(o_attr, o) and torch.equal(st_attr, st)
+    f64 = lambda t: t.to(torch.float64).numpy()  # noqa: E731
+    ro, rs = reference(f64(tq), f64(tk), f64(tv), f64(tg), f64(tb), None, None, [0, T])
+    assert_o_close(f64(o), ro, rtol=BF16_RTOL, atol_frac=1e-3)
+    assert_state_close(st.numpy(), rs)
+
+
 def test_torch_fla_keywords_match_numpy(rng, torch):
     # The torch branch of FLA's keywords (l2norm, beta sigmoid, gate) against the NumPy branch.
     T, H, dk, dv = 90, 2, 32, 32
