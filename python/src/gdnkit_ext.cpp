@@ -2,9 +2,10 @@
 //
 // Tensors arrive as any DLPack-capable object (NumPy arrays, torch tensors, CuPy arrays, ...) and
 // are inspected generically through DLPack: dtype, device, shape and strides. torch tensors take a
-// faster road to the same facts (their attributes; torch's __dlpack__ is Python code). Outputs
-// (o, final_state) and, for device memory, the workspace are allocated with the framework of q
-// (numpy.empty / q.new_empty / cupy.empty / the array-API namespace's empty), on q's device, so the
+// faster road to the same facts (torch's __dlpack__ is Python code): DLPack's C exchange table
+// where torch has one (2.10 and later), else their attributes. Outputs (o, final_state) and, for
+// device memory, the workspace are allocated with the framework of q (numpy.empty / the table's
+// allocator or q.new_empty / cupy.empty / the array-API namespace's empty), on q's device, so the
 // binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
 // per-call overhead low.
 //
