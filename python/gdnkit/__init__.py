@@ -24,10 +24,11 @@ __all__ = ["chunk_gated_delta_rule", "cuda_available", "__version__"]
 
 
 def _current_stream(q):
-    """The stream (as an integer cudaStream_t) that q's framework is using on q's device: None for
-    torch tensors (the binding asks torch itself, through DLPack's C exchange table where torch
-    has one), 0 for host tensors and for frameworks whose current stream is not known here (the
-    legacy default stream)."""
+    """The stream argument of the binding: None for torch tensors (the binding asks torch for its
+    current stream on q's device itself, through DLPack's C exchange table where torch has one),
+    else the stream (an integer cudaStream_t) that q's framework is using on q's device, 0 for
+    host arrays and for frameworks whose current stream is not known here (the legacy default
+    stream)."""
     if getattr(q, "is_cuda", None) is not None:  # torch (it is imported: q is one of its tensors)
         return None
     cupy = _sys.modules.get("cupy")

@@ -4,9 +4,9 @@
 // are inspected generically through DLPack: dtype, device, shape and strides. torch tensors take a
 // faster road to the same facts (torch's __dlpack__ is Python code): DLPack's C exchange table
 // where torch has one (2.10 and later), else their attributes. Outputs (o, final_state) and, for
-// device memory, the workspace are allocated with the framework of q (numpy.empty / the table's
-// allocator or q.new_empty / cupy.empty / the array-API namespace's empty), on q's device, so the
-// binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
+// device memory, the workspace are allocated with the framework of q (numpy.empty / q.new_empty /
+// cupy.empty / the array-API namespace's empty; torch's workspace through the table's allocator),
+// on q's device, so the binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
 // per-call overhead low.
 //
 // Errors: gdnkit::Error maps to ValueError (invalid_value), TypeError (invalid_type) and
@@ -78,8 +78,9 @@ bool is_numpy(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), (PyTypeObje
 
 // ---------------------------------------------------------------------------------------------
 // Tensors: what the binding needs of an argument, read through DLPack or, for torch tensors, through
-// their attributes (torch's __dlpack__ is Python code costing microseconds per tensor; data_ptr(),
-// stride() and friends are C attribute reads).
+// DLPack's C exchange table or their attributes (torch's __dlpack__ is Python code costing
+// microseconds per tensor; the table is one C call, data_ptr(), stride() and friends are C
+// attribute reads).
 
 enum class Elem : std::uint8_t { f16, bf16, f32, f64, i32, i64, other };
 enum class Dev : std::uint8_t { host, cuda, other };
@@ -656,8 +657,8 @@ class Allocator {
     }
   }
 
-  // The exchange table's allocator for torch tensors (the framework's caching allocator on the
-  // current stream, as new_empty), or null: then like_q, float32 and uint8.
+  // The exchange table for torch tensors (its allocator: the framework's caching allocator on the
+  // current stream, for the workspace; TableTensor), or null: then uint8.
   const dl::ExchangeApi* table() const { return kind_ == Torch ? TT.api : nullptr; }
 
   // Uninitialised arrays of `shape`: q's dtype, float32, uint8.
@@ -723,10 +724,10 @@ Tensor import_output(nb::handle obj, const char* name, const Tensor& q) {
   return t;
 }
 
-// A packed torch tensor from the exchange table's allocator, on q's device: the caller's output
-// (a Python tensor, `obj`) or, with obj null, scratch released when this goes out of scope. Its
-// allocate() returns false (no error set) where the table's allocator refuses: the caller then
-// allocates through Python, which raises torch's own error (torch.OutOfMemoryError, ...).
+// Scratch from the exchange table's allocator (torch's caching allocator, on q's device and the
+// current stream), packed, released when this goes out of scope. allocate() returns false (no
+// error set) where the table's allocator refuses: the caller then allocates through Python, which
+// raises torch's own error (torch.OutOfMemoryError, ...).
 class TableTensor {
  public:
   TableTensor() = default;
@@ -761,29 +762,11 @@ class TableTensor {
     return true;
   }
   void* data() const { return data_; }
-  // Hands the tensor to Python (a torch.Tensor owning it).
-  nb::object to_python(const dl::ExchangeApi* api) {
-    void* obj = nullptr;
-    dl::Managed* const m = m_;
-    m_ = nullptr;  // stolen by the call, whatever its result
-    if (api->managed_tensor_to_py_object_no_sync(m, &obj) != 0 || !obj) throw nb::python_error();
-    return nb::steal(static_cast<PyObject*>(obj));
-  }
-
  private:
   static void ignore_error(void*, const char*, const char*) {}
   dl::Managed* m_ = nullptr;
   void* data_ = nullptr;
 };
-
-dl::DataType dl_dtype(Elem e) {
-  switch (e) {
-    case Elem::f16: return {2, 16, 1};   // kDLFloat
-    case Elem::bf16: return {4, 16, 1};  // kDLBfloat
-    case Elem::f32: return {2, 32, 1};
-    default: return {1, 8, 1};           // kDLUInt 8: the workspace's bytes
-  }
-}
 
 template <std::size_t N>
 nb::tuple make_shape(const std::int64_t (&dims)[N], std::size_t n) {
@@ -1025,7 +1008,7 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   }
   if (cu.present && p.memory == gdnkit::Memory::host && !validate) check_host_cu_seqlens(cu, p.total_tokens);
 
-  // Outputs, allocated like q (torch tensors through the exchange table where this torch has one).
+  // Outputs, allocated like q.
   Allocator alloc(q);
   const dl::ExchangeApi* const table = alloc.table();
   std::int64_t o_dims[4];
@@ -1034,25 +1017,17 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   o_dims[o_n++] = lead.L;
   o_dims[o_n++] = H;
   o_dims[o_n++] = dv;
-  nb::object o_obj;
-  void* o_data = nullptr;
-  if (TableTensor o_t; table && o_t.allocate(table, q, o_dims, static_cast<int>(o_n), dl_dtype(q.elem))) {
-    o_data = o_t.data();
-    o_obj = o_t.to_python(table);
-  } else {
-    o_obj = alloc.like_q(make_shape(o_dims, o_n));
-    o_data = const_cast<void*>(import_output(o_obj, "o", q).data);
-  }
+  // o and final_state through the framework's own call (q.new_empty): a tensor that the table's
+  // allocator returns reaches Python wrapped around a foreign buffer (from_blob), on which torch's
+  // record_stream does nothing and resize_ raises. Only the workspace, which never leaves this
+  // call, comes from the table.
+  nb::object o_obj = alloc.like_q(make_shape(o_dims, o_n));
+  void* const o_data = const_cast<void*>(import_output(o_obj, "o", q).data);
   nb::object hT_obj = nb::none();
   float* hT_data = nullptr;
   if (p.want_final_state) {
-    if (TableTensor h_t; table && h_t.allocate(table, q, state_dims, 4, dl_dtype(Elem::f32))) {
-      hT_data = static_cast<float*>(h_t.data());
-      hT_obj = h_t.to_python(table);
-    } else {
-      hT_obj = alloc.float32(make_shape(state_dims, 4));
-      hT_data = static_cast<float*>(const_cast<void*>(import_output(hT_obj, "final_state", q).data));
-    }
+    hT_obj = alloc.float32(make_shape(state_dims, 4));
+    hT_data = static_cast<float*>(const_cast<void*>(import_output(hT_obj, "final_state", q).data));
   }
 
   gdnkit::Tensors t;
@@ -1081,7 +1056,7 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
     } else {
       const std::int64_t dims[1] = {static_cast<std::int64_t>(ws_bytes + 256)};
       std::uintptr_t addr;
-      if (table && table_ws.allocate(table, q, dims, 1, dl_dtype(Elem::other))) {
+      if (table && table_ws.allocate(table, q, dims, 1, dl::DataType{1, 8, 1})) {  // kDLUInt 8
         addr = reinterpret_cast<std::uintptr_t>(table_ws.data());
       } else {
         dev_ws_obj = alloc.uint8(make_shape(dims, 1));

@@ -762,10 +762,11 @@ def test_torch_cpu_round_trip(rng, torch, dtype):
 
 
 def test_torch_exchange_table(rng, torch):
-    """Where torch has DLPack's C exchange table the binding uses it (reads, outputs, stream), and
-    what it reads and allocates agrees with the attribute path (nn.Parameter, which the binding
-    reads through its attributes): views with a storage offset and strides, outputs that are plain
-    packed tensors of their own, no grad."""
+    """Where torch has DLPack's C exchange table the binding uses it (reads, workspace, stream),
+    and what it reads agrees with the attribute path (nn.Parameter, which the binding reads
+    through its attributes): views with a storage offset and strides. Outputs are torch's own
+    allocations (resizable storage, so that record_stream and resize_ work on them), packed, no
+    grad."""
     from gdnkit import _gdnkit
     if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
         assert _gdnkit._torch_exchange_table()
@@ -781,6 +782,7 @@ def test_torch_exchange_table(rng, torch):
         assert type(x) is torch.Tensor and x.dtype == dtype and tuple(x.shape) == shape and x.is_contiguous()
         assert not x.requires_grad and x.storage_offset() == 0
         assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
+        assert x.untyped_storage().resizable()  # not wrapped around a foreign buffer (from_blob)
     P = torch.nn.Parameter
     o_attr, st_attr = gdnkit.chunk_gated_delta_rule(P(tq, requires_grad=False), P(tk, requires_grad=False),
                                                     P(tv, requires_grad=False), P(tg, requires_grad=False),
