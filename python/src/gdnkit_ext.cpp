@@ -6,8 +6,8 @@
 // where torch has one (2.10 and later), else their attributes. Outputs (o, final_state) and, for
 // device memory, the workspace are allocated with the framework of q (numpy.empty / q.new_empty /
 // cupy.empty / the array-API namespace's empty; torch's workspace through the table's allocator),
-// on q's device, so the binding keeps no buffers of its own. Shape checks live here rather than in Python to keep the
-// per-call overhead low.
+// on q's device, so the binding keeps no buffers of its own. Shape checks live here rather than in
+// Python to keep the per-call overhead low.
 //
 // Errors: gdnkit::Error maps to ValueError (invalid_value), TypeError (invalid_type) and
 // RuntimeError (unsupported, cuda), message unchanged. The binding's own checks throw gdnkit::Error
@@ -306,8 +306,9 @@ struct Torch {
   const dl::ExchangeApi* api = nullptr;
 };
 Torch TT;  // filled the first time a call finds torch imported; never released (see Globals)
-// The exchange table of a tensor type, where it has one of major version 1 with every function the
-// binding calls; null otherwise (no error set).
+// The exchange table of a tensor type, where it has one of major version 1 with the functions that
+// read a tensor and give the stream (the allocator is checked where it is used); null otherwise
+// (no error set).
 const dl::ExchangeApi* exchange_api(PyObject* type) {
   nb::object cap = nb::steal(PyObject_GetAttrString(type, "__dlpack_c_exchange_api__"));
   if (!cap.is_valid()) {
@@ -319,8 +320,7 @@ const dl::ExchangeApi* exchange_api(PyObject* type) {
     PyErr_Clear();
     return nullptr;
   }
-  if (api->header.version.major != 1 || !api->managed_tensor_allocator || !api->managed_tensor_to_py_object_no_sync ||
-      !api->dltensor_from_py_object_no_sync || !api->current_work_stream)
+  if (api->header.version.major != 1 || !api->dltensor_from_py_object_no_sync || !api->current_work_stream)
     return nullptr;
   return api;  // static in the framework: valid for the process's lifetime
 }
@@ -659,7 +659,9 @@ class Allocator {
 
   // The exchange table for torch tensors (its allocator: the framework's caching allocator on the
   // current stream, for the workspace; TableTensor), or null: then uint8.
-  const dl::ExchangeApi* table() const { return kind_ == Torch ? TT.api : nullptr; }
+  const dl::ExchangeApi* table() const {
+    return kind_ == Torch && TT.api && TT.api->managed_tensor_allocator ? TT.api : nullptr;
+  }
 
   // Uninitialised arrays of `shape`: q's dtype, float32, uint8.
   nb::object like_q(nb::handle shape) {
@@ -1022,12 +1024,12 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   // record_stream does nothing and resize_ raises. Only the workspace, which never leaves this
   // call, comes from the table.
   nb::object o_obj = alloc.like_q(make_shape(o_dims, o_n));
-  void* const o_data = const_cast<void*>(import_output(o_obj, "o", q).data);
+  const Tensor o = import_output(o_obj, "o", q);
   nb::object hT_obj = nb::none();
-  float* hT_data = nullptr;
+  Tensor hT;
   if (p.want_final_state) {
     hT_obj = alloc.float32(make_shape(state_dims, 4));
-    hT_data = static_cast<float*>(const_cast<void*>(import_output(hT_obj, "final_state", q).data));
+    hT = import_output(hT_obj, "final_state", q);
   }
 
   gdnkit::Tensors t;
@@ -1038,12 +1040,12 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   t.beta = beta.present ? beta.data : nullptr;
   t.cu_seqlens = cu.present ? cu.data : nullptr;
   t.initial_state = static_cast<const float*>(h0.present ? h0.data : nullptr);
-  t.o = o_data;
-  t.final_state = hT_data;
+  t.o = const_cast<void*>(o.data);
+  t.final_state = p.want_final_state ? static_cast<float*>(const_cast<void*>(hT.data)) : nullptr;
 
   // Workspace: host memory from the C++ heap; device memory from q's framework (its caching
-  // allocator for torch, on the current stream), 256-byte aligned, released on return (the
-  // allocator's stream order keeps it until the launches that use it are done).
+  // allocator for torch, on its current stream), 256-byte aligned, released on return: the caching
+  // allocator reuses it only after what is queued on that stream, the launches included.
   const std::size_t ws_bytes = P.workspace_bytes();
   std::unique_ptr<std::byte[], HostBuffer> host_ws;
   TableTensor table_ws;
