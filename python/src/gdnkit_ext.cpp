@@ -299,7 +299,8 @@ struct Torch {
   PyObject* f16 = nullptr, *bf16 = nullptr, *f32 = nullptr, *f64 = nullptr, *i32 = nullptr, *i64 = nullptr,
           *u8 = nullptr;
   PyObject *s_data_ptr = nullptr, *s_dtype = nullptr, *s_shape = nullptr, *s_stride = nullptr,
-           *s_is_cuda = nullptr, *s_is_cpu = nullptr, *s_get_device = nullptr, *s_new_empty = nullptr;
+           *s_is_cuda = nullptr, *s_is_cpu = nullptr, *s_get_device = nullptr, *s_new_empty = nullptr,
+           *s_is_neg = nullptr;
   // torch._C._cuda_getCurrentRawStream (null where this torch has none): the stream without the table.
   PyObject* raw_stream = nullptr;
   // The exchange table of torch.Tensor, or null (an older torch, or another major version).
@@ -348,7 +349,8 @@ bool torch_ready() {
     t.parameter = nb::object(torch.attr("nn").attr("Parameter")).release().ptr();
     for (auto [slot, name] : {std::pair{&t.s_data_ptr, "data_ptr"}, {&t.s_dtype, "dtype"}, {&t.s_shape, "shape"},
                               {&t.s_stride, "stride"}, {&t.s_is_cuda, "is_cuda"}, {&t.s_is_cpu, "is_cpu"},
-                              {&t.s_get_device, "get_device"}, {&t.s_new_empty, "new_empty"}}) {
+                              {&t.s_get_device, "get_device"}, {&t.s_new_empty, "new_empty"},
+                              {&t.s_is_neg, "is_neg"}}) {
       *slot = PyUnicode_InternFromString(name);
       if (!*slot) throw nb::python_error();
     }
@@ -472,6 +474,15 @@ Tensor import_tensor(nb::handle obj, const char* name) {
   if (obj.is_none()) return t;
   t.present = true;
   if (!(is_torch(obj) && read_torch(t))) read_dlpack(t);
+  // A torch tensor with the negative bit (a lazily negated view, e.g. the .imag of a conjugated
+  // complex tensor) holds -x in memory as x: every road above reads the memory, so it is refused.
+  if (torch_ready() && PyObject_TypeCheck(obj.ptr(), (PyTypeObject*)TT.tensor)) {
+    nb::object neg = nb::steal(PyObject_CallMethodNoArgs(obj.ptr(), TT.s_is_neg));
+    if (!neg.is_valid()) PyErr_Clear();  // a torch without is_neg has no negative views
+    else if (neg.ptr() == Py_True)
+      fail(Kind::invalid_value, name, "a tensor without torch's negative bit (call .resolve_neg() first)",
+           "a negative view (is_neg() is True)");
+  }
   return t;
 }
 

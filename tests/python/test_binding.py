@@ -794,6 +794,18 @@ def test_torch_exchange_table(rng, torch):
     assert_state_close(st.numpy(), rs)
 
 
+def test_torch_negative_view_refused(torch):
+    """A tensor with torch's negative bit stores -x as x: it is refused by name, not read as x."""
+    c = torch.complex(torch.ones(8, 2), torch.full((8, 2), 0.5))
+    g_neg = c.conj().imag  # float32 [8, 2], the negative bit set
+    assert g_neg.is_neg()
+    q = torch.full((8, 2, 16), 0.25, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"g: expected a tensor without torch's negative bit .*got a negative view"):
+        gdnkit.chunk_gated_delta_rule(q, q, q, g_neg)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, q, q, g_neg.resolve_neg())
+    assert torch.isfinite(o).all()
+
+
 def test_torch_fla_keywords_match_numpy(rng, torch):
     # The torch branch of FLA's keywords (l2norm, beta sigmoid, gate) against the NumPy branch.
     T, H, dk, dv = 90, 2, 32, 32
