@@ -17,7 +17,7 @@ setup:
 $(BUILD)/build.ninja: CMakeLists.txt | setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
 	  -DGDNKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(CURDIR)/$(PY) \
-	  -DGDNKIT_CUTLASS_DIR=$(CUTLASS_INCLUDE)
+	  -DGDNKIT_CUTLASS_DIR=$(CUTLASS_INCLUDE) -DGDNKIT_SPILL_CHECK=ON
 
 configure: $(BUILD)/build.ninja
 

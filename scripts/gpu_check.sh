@@ -42,7 +42,7 @@ if has build; then
   t0=$(date +%s)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DGDNKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v $PY)" ${cutlass:+-DGDNKIT_CUTLASS_DIR=$PWD/$cutlass} \
-    >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1
+    -DGDNKIT_SPILL_CHECK=ON >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1
   rc=$?
   note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
   if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
