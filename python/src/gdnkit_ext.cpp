@@ -897,8 +897,20 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   for (const Tensor* t : {&k, &v, &g, &beta, &h0, &cu}) check_same_device(*t, q);
   p.memory = q.dev == Dev::host ? gdnkit::Memory::host : gdnkit::Memory::cuda;
   // stream None for a torch CUDA tensor: torch's current stream on q's device.
-  if (stream_obj.is_none() && q.dev == Dev::cuda && torch_ready() && PyObject_TypeCheck(q_obj.ptr(), (PyTypeObject*)TT.tensor))
-    stream_handle = torch_stream(q.device_id);
+  // An explicit stream for a torch CUDA tensor must be that one: the outputs and the scratch come
+  // from torch's caching allocator, which hands the scratch back for reuse on its current stream
+  // once this call returns, while a launch on another stream could still be using it.
+  if (q.dev == Dev::cuda && torch_ready() && PyObject_TypeCheck(q_obj.ptr(), (PyTypeObject*)TT.tensor)) {
+    const std::uintptr_t current = torch_stream(q.device_id);
+    if (stream_obj.is_none()) {
+      stream_handle = current;
+    } else if (stream_handle != current) {
+      fail(Kind::invalid_value, "stream",
+           "None or torch's current stream on q's device (" + std::to_string(current) +
+               "; run under `with torch.cuda.stream(s):` for another)",
+           std::to_string(stream_handle));
+    }
+  }
 
   // Layout from q: [T, Hq, dk] (packed) or [B, T, Hq, dk] (batched).
   Lead lead;

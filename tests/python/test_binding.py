@@ -966,6 +966,15 @@ def test_torch_cuda_stream_and_checks(rng, torch_cuda):
         o_side, _ = gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu)
     s.synchronize()
     assert torch.equal(o_side, o_default)
+    # The private entry point with an explicit stream: torch's current one runs, another is refused
+    # by name (torch's allocator would hand the scratch back for reuse on its own stream).
+    from gdnkit._gdnkit import _forward
+    args = (tq, tk, tv, tg, tb, None, None, False, cu, "log", "kv", False)
+    o_cur, _ = _forward(*args, torch.cuda.current_stream().cuda_stream, None, None, None, None)
+    assert torch.equal(o_cur, o_default)
+    with pytest.raises(ValueError, match=rf"stream: expected None or torch's current stream on q's device "
+                                         rf"\({torch.cuda.current_stream().cuda_stream}; .*got {s.cuda_stream}"):
+        _forward(*args, s.cuda_stream, None, None, None, None)
     with pytest.raises(ValueError, match=r"cu_seqlens: expected a tensor on q's device \(cuda:0\), got cpu"):
         gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=cu.cpu())
     bad = torch.tensor([0, 120, 80, 200], dtype=torch.int64, device=dev)
