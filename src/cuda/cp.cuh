@@ -235,13 +235,11 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
         std::uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          ah[e] = tf32_round(av[e]);
-          al[e] = tf32_round(av[e] - __uint_as_float(ah[e]));
+          tf32_split(av[e], ah[e], al[e]);
         }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          bh[e] = tf32_round(bv[e]);
-          bl[e] = tf32_round(bv[e] - __uint_as_float(bh[e]));
+          tf32_split(bv[e], bh[e], bl[e]);
         }
         mma1688_tf32(d[0], al, bh[0], bh[1]);
         mma1688_tf32(d[1], ah, bl[0], bl[1]);

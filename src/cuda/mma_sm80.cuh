@@ -63,6 +63,15 @@ __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const std::uint3
 // here: it also keeps infinities and NaNs intact, which these operands never are).
 __device__ __forceinline__ std::uint32_t tf32_round(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
+// x split for 3xTF32 products: hi = x rounded to tf32, lo = x - hi (exact in fp32) as it is. A tf32
+// mma reads only the top 19 bits of an operand register, so lo enters truncated to tf32: its error,
+// 2^-10 of |lo| <= 2^-21 |x|, is below the fp32 accumulation's (tests/cpu/test_inverse.cpp measures
+// the scheme), and rounding lo as well would cost two more instructions per element.
+__device__ __forceinline__ void tf32_split(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = tf32_round(x);
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
 // d += A B (16 x 8 x 8) on tf32 operands. With lane = 4 g + t:
 //   A, 16 x 8:  a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]
 //   B, 8 x 8:   b0 = B[t][g]  b1 = B[t+4][g]

@@ -141,9 +141,10 @@ __device__ __forceinline__ void a_block_row(float* At, const T* Ks, const float*
   }
 }
 
-// Accumulators of A B as three tf32 products (lo hi, hi lo, hi hi; hi = tf32(x), lo = tf32(x - hi),
-// every term but lo lo kept, ~2^-21 relative error per product; tests/cpu/test_inverse.cpp models
-// this split, and truncating instead of rounding measured 1.5x less accurate there). Each term has
+// Accumulators of A B as three tf32 products (lo hi, hi lo, hi hi; hi = tf32(x) rounded, lo = x - hi
+// read truncated by the mma (tf32_split), every term but lo lo kept, ~2^-21 relative error per
+// product; tests/cpu/test_inverse.cpp models this split: truncating hi instead of rounding it
+// measured 1.5x less accurate there, truncating lo as accurate as rounding it). Each term has
 // its own accumulator, so a sum over k runs as three short dependency chains of mma.sync rather
 // than one long one; sum() adds the small terms first.
 struct Tf32x3 {
@@ -166,13 +167,11 @@ __device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const float* a, int ld
   std::uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    ah[e] = tf32_round(av[e]);
-    al[e] = tf32_round(av[e] - __uint_as_float(ah[e]));
+    tf32_split(av[e], ah[e], al[e]);
   }
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    bh[e] = tf32_round(bv[e]);
-    bl[e] = tf32_round(bv[e] - __uint_as_float(bh[e]));
+    tf32_split(bv[e], bh[e], bl[e]);
   }
   mma1688_tf32(d.lohi, al, bh[0], bh[1]);
   mma1688_tf32(d.hilo, ah, bl[0], bl[1]);

@@ -4,7 +4,8 @@
 //            beside it, the same blocking as below in plain fp32 arithmetic);
 //   3xtf32   the prep kernel's scheme (prep_kernel.cuh): fp32 forward substitution on the 16 x 16
 //            diagonal blocks, then Tu_IJ = -Tu_II sum_M A_IM Tu_MJ with every product on tf32
-//            operands split as hi + lo (lo hi + hi lo + hi hi, fp32 accumulation);
+//            operands split as hi + lo (lo hi + hi lo + hi hi, fp32 accumulation; hi rounded, lo
+//            truncated);
 //   fp16     the same blocking with every operand and result stored in fp16 and fp32
 //            accumulation (a model of inverting in fp16, as the incumbent SM90 kernel does).
 // The tests print the errors and check that the kernel's scheme is at least as accurate as fp32
@@ -156,9 +157,10 @@ Mat blocked(const Chunk& c, Store store, Mul mul) {
   return blocked_of(a_fp32(c), store, mul);
 }
 
-// One product of the kernel's scheme: tf32 operands split as hi + lo, every term but lo lo.
+// One product of the kernel's scheme: tf32 operands split as hi + lo, every term but lo lo; hi is
+// rounded, lo = x - hi enters the mma as it is, which reads its top 19 bits (tf32_split).
 float tf32x3_mul(float a, float b) {
-  const float ah = tf32(a), al = tf32(a - ah), bh = tf32(b), bl = tf32(b - bh);
+  const float ah = tf32(a), al = tf32_trunc(a - ah), bh = tf32(b), bl = tf32_trunc(b - bh);
   return (al * bh + ah * bl) + ah * bh;  // tf32 x tf32 products are exact in fp32
 }
 
@@ -207,8 +209,8 @@ TEST(Inverse, KernelSchemeMatchesFp32ForwardSubstitution) {
   }
 }
 
-// The check is not vacuous: a split by truncation, or plain tf32 products (no hi + lo split),
-// measurably lose to fp32. Returns (scheme error, fp32 forward substitution error), summed over
+// The check is not vacuous: a split whose hi is truncated (then lo is up to 2^-10 of x, not 2^-11),
+// or plain tf32 products (no hi + lo split), measurably lose to fp32. Returns (scheme error, fp32 forward substitution error), summed over
 // realistic chunks.
 template <typename Mul>
 std::pair<double, double> errors_against_fs32(std::uint64_t seed, int chunks, Mul mul) {

@@ -79,13 +79,19 @@ inline std::uint32_t tf32_round(float x) {  // the kernels' formula (src/cuda/mm
   return (u + 0x1000u) & 0xffffe000u;
 }
 inline float bitsf(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline void tf32_split(float x, std::uint32_t& hi, std::uint32_t& lo) {  // verbatim too
+  hi = tf32_round(x);
+  const float l = x - bitsf(hi);
+  std::memcpy(&lo, &l, 4);
+}
 inline void mma1688_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
   wbar();
   for (int i = 0; i < 4; ++i) { x.u[L][i] = a[i]; x.f[L][i] = d[i]; }
   x.u[L][4] = b0; x.u[L][5] = b1;
   wbar();
-  auto chk = [](std::uint32_t u) { if (u & 0x1fffu) { std::fprintf(stderr, "tf32 operand with low bits\n"); std::abort(); } return bitsf(u); };
+  // The hardware reads an operand's top 19 bits: the rest is dropped (truncation), as here.
+  auto chk = [](std::uint32_t u) { return bitsf(u & 0xffffe000u); };
   auto A = [&](int r, int k) { return chk(x.u[4 * (r % 8) + k % 4][(r >= 8) + 2 * (k >= 4)]); };
   auto B = [&](int k, int n) { return chk(x.u[4 * n + k % 4][4 + (k >= 4)]); };
   auto C = [&](int r, int n) { return x.f[4 * (r % 8) + n / 2][(r >= 8) * 2 + n % 2]; };
