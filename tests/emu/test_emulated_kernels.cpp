@@ -697,7 +697,9 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     std::sort(blocks.begin(), blocks.end());
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       ASSERT_LE(blocks[i] + 16, s.T + 16) << "map_o block at row " << blocks[i];
-      if (i > 0) ASSERT_GE(blocks[i], blocks[i - 1] + 16) << "map_o blocks overlap at row " << blocks[i];
+      if (i > 0) {
+        ASSERT_GE(blocks[i], blocks[i - 1] + 16) << "map_o blocks overlap at row " << blocks[i];
+      }
     }
   }
   const cuda::WalkSpan* const l1 = computed ? nullptr : list1.data();
