@@ -10,8 +10,9 @@
 //
 //   KSt += St K^T      m64 n(16 NB) k16 x dk/16, B = K   K-major
 //   QSt += St Q^T      same with Q
-//   Vnt += Xt Mt^T     m64 n(16 NB) k16 x NB x 2 (lo, then hi), B = Mt K-major
-//   Ot  += Vnt P^T     m64 n(16 NB) k16 x NB, B = P K-major
+//   Vnt += Xt Mt^T     m64 n(16 NB) k16 x NB x 2 (lo, then hi), B = Mt K-major; in a full chunk
+//                      m64n32k16 x 6 x 2 (lower_products: Mt's upper triangle skipped)
+//   Ot  += Vnt P^T     m64 n(16 NB) k16 x NB, B = P K-major; in a full chunk m64n32k16 x 6
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
 //
 // Three waits per step: K S with Q S, then Vn, then P Vn and Vd K as two commit groups, with O
@@ -134,6 +135,29 @@ struct WgmmaWalk {
     return *reinterpret_cast<float (*)[N]>(&x);
   }
 
+  // acc (+)= A_bj B for the k-steps bj < NB of a product whose B (Mt or P, K-major at desc) is lower
+  // triangular: B[j][i] = 0 for token j > i. In a full chunk (NB = 4) the output columns (tokens)
+  // are two n32 halves: the left half [0, 32) takes k-steps 0 and 1 only, the right half all four,
+  // six m64n32k16 products (96 tensor cycles) instead of four m64n64k16 (128). Each half is one
+  // register range (16 per 32 columns in wgmma's layout) that only n32 products touch: wgmma
+  // orders accumulator accesses by default only between products of one shape. B of the right
+  // half starts 32 rows (4 KB, whole swizzle atoms) into the tile. Tail chunks keep full products.
+  template <int NB>
+  __device__ static void lower_products(float (&acc)[8 * NB], const std::uint32_t (&a)[NB][4], std::uint64_t desc) {
+    if constexpr (NB == 4) {
+      float (&left)[16] = *reinterpret_cast<float (*)[16]>(&acc[0]);
+      float (&right)[16] = *reinterpret_cast<float (*)[16]>(&acc[16]);
+#pragma unroll
+      for (int bj = 0; bj < 4; ++bj) {
+        if (bj < 2) gmma_rs<T, 32, false>(left, a[bj], gmma_desc_add(desc, 32 * bj), true);
+        gmma_rs<T, 32, false>(right, a[bj], gmma_desc_add(desc, 32 * 128 + 32 * bj), true);
+      }
+    } else {
+#pragma unroll
+      for (int bj = 0; bj < NB; ++bj) gmma_rs<T, 16 * NB, false>(acc, a[bj], gmma_desc_add(desc, 32 * bj), true);
+    }
+  }
+
   template <int N>
   __device__ static void fence_all(std::uint32_t (&a)[N][4]) {
 #pragma unroll
@@ -182,11 +206,8 @@ struct WgmmaWalk {
     fence_all(xa);
     gmma_fence(vf);
     gmma_arrive();
-#pragma unroll
-    for (int bj = 0; bj < NB; ++bj) {
-      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc_add(dm, m_bytes + 32 * bj), true);
-      gmma_rs<T, 16 * NB, false>(vf, xa[bj], gmma_desc_add(dm, 32 * bj), true);
-    }
+    lower_products<NB>(vf, xa, gmma_desc_add(dm, m_bytes));  // Mt lo, then hi
+    lower_products<NB>(vf, xa, dm);
     gmma_commit();
     gmma_wait<0>();
     gmma_fence(vf);
@@ -205,9 +226,7 @@ struct WgmmaWalk {
     fence_all(na);
     gmma_fence(qf);
     gmma_arrive();
-#pragma unroll
-    for (int bj = 0; bj < NB; ++bj)
-      gmma_rs<T, 16 * NB, false>(qf, na[bj], gmma_desc_add(dp, 32 * bj), true);
+    lower_products<NB>(qf, na, dp);
     gmma_commit();
     decay_state();
     fence_all(da);
