@@ -312,11 +312,11 @@ bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* m
 // Points maps, encoded for a problem of p's shapes and strides (any addresses), at p's k, q and v
 // (cuTensorMapReplaceAddress: a fraction of an encoding's cost). False when the driver refuses.
 bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p);
-// Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps; with after,
-// as a programmatic dependent launch (the walk-list variants wait for the kernel before them on
-// the stream before reading anything).
+// Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps, as a
+// programmatic dependent launch: the kernel may start while the one before it on the stream
+// runs, and waits for it before it reads or writes anything in global memory (fused_cta).
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
-                                 cudaStream_t stream, bool after = false);
+                                 cudaStream_t stream);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

@@ -148,7 +148,7 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   // Only the list's real entries get CTAs (cp_list_entries).
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
                 static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));
-  err = launch_fused_encoded(k1, p1, maps, g1, stream, /*after=*/true);
+  err = launch_fused_encoded(k1, p1, maps, g1, stream);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
   if (cp_needs_scan(p, c, computed)) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "cuda/chunked.h"
@@ -96,6 +97,34 @@ constexpr std::size_t fused_smem_bytes() {
   return a;
 }
 
+#ifdef GDNKIT_FUSED_TIMELINE
+// The timeline build's host side (fused_sm90.cuh, GDNKIT_FUSED_TIMELINE): the stamps' buffer (device
+// memory) for the process's launches 5 and 6; at launch 9 it waits for the device, copies them back
+// and prints them.
+unsigned long long* timeline_for_launch(dim3 grid) {
+  static unsigned long long* buf = nullptr;
+  static unsigned ctas[2] = {0, 0};
+  static int launches = 0;
+  constexpr std::size_t kWords = 2 * kTimelineCtas * 8;
+  if (buf == nullptr && cudaMalloc(&buf, kWords * sizeof(unsigned long long)) != cudaSuccess) return nullptr;
+  const int k = launches++;
+  if (k == 9) {
+    static unsigned long long host[kWords];
+    if (cudaDeviceSynchronize() == cudaSuccess &&
+        cudaMemcpy(host, buf, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess)
+      for (int l = 0; l < 2; ++l)
+        for (unsigned c = 0; c < ctas[l]; ++c) {
+          const unsigned long long* const t = host + (l * kTimelineCtas + c) * 8;
+          std::printf("TL %d %u %llu %llu %llu %llu %llu %llu %llu %llu\n", l + 5, c, t[0], t[1], t[2], t[3], t[4],
+                      t[5], t[6], t[7]);
+        }
+  }
+  if (k != 5 && k != 6) return nullptr;
+  ctas[k - 5] = std::min(grid.x * grid.y * grid.z, kTimelineCtas);
+  return buf + (k - 5) * kTimelineCtas * 8;
+}
+#endif
+
 // Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
 template <typename T, int DK, int DVB, bool kWalks = false>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
@@ -109,9 +138,12 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   if (params.lpt && (!params.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
+#ifdef GDNKIT_FUSED_TIMELINE
+  fp.timeline = timeline_for_launch(grid);
+#endif
   void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(F::DVB / 16, params, grid);
-  const PdlLaunch launch(grid, dim3(F::kThreads), fused_smem_bytes<T, DK, DVB, kWalks>(), stream, false, cluster);
+  const PdlLaunch launch(grid, dim3(F::kThreads), fused_smem_bytes<T, DK, DVB, kWalks>(), stream, true, cluster);
   return cudaLaunchKernelExC(&launch.config, fused_func<T, DK, DVB, kWalks>(cluster == 2), args);
 }
 
@@ -187,10 +219,8 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
 }
 
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
-                                 cudaStream_t stream, bool after) {
+                                 cudaStream_t stream) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
-  // Only the walk-list variants wait (their list in memory or computed, ChunkedParams::cp_seg).
-  if (after && p.walks == nullptr && p.cp_seg == 0) return cudaErrorInvalidValue;
   if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90.cuh)
   if (!fused_sizes_ok(p.tokens, std::max(p.num_seqs, p.num_walks))) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
@@ -200,9 +230,12 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+#ifdef GDNKIT_FUSED_TIMELINE
+  fp.timeline = timeline_for_launch(grid);
+#endif
   void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(k.warps, p, grid);
-  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, after, cluster);
+  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, true, cluster);
   return cudaLaunchKernelExC(&launch.config, cluster == 2 && k.paired_func != nullptr ? k.paired_func : k.walk_func,
                              args);
 }
@@ -214,7 +247,7 @@ SplitKernelList fused_walks_kernels() {
 #else
 bool encode_fused_maps(const ChunkedParams&, DType, int, FusedMaps*) { return false; }
 bool rebase_fused_maps(FusedMaps*, const ChunkedParams&) { return false; }
-cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t, bool) {
+cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t) {
   return cudaErrorInvalidValue;
 }
 SplitKernelList fused_kernels() { return {nullptr, 0}; }

@@ -161,6 +161,9 @@ struct FusedSm90 {
 struct FusedParams {
   ChunkedParams p;
   CUtensorMap k, q, v;
+#ifdef GDNKIT_FUSED_TIMELINE
+  unsigned long long* timeline = nullptr;  // the phase stamps' destination (fused_cta), or none
+#endif
 };
 
 // The descriptors of one call; false when the driver rejects a tensor's layout (encode_tile_map,
@@ -198,6 +201,34 @@ struct FusedProbe {
   __device__ void print(const char*) const {}
 #endif
 };
+
+// Stamps of one launch's phases in every CTA (%globaltimer, ns), in builds with
+// GDNKIT_FUSED_TIMELINE defined: a measurement aid, compiled out otherwise. Slots: 0 the CTA's
+// start, 1 the end of its prologue (before the roles split), 3 the first step begun (state thread
+// 0, past FULL of chunk 0: the first record is out), 4 the last step done, 5 the aux done, 6 the
+// exit; 7 the chunks walked (slot 2 unused: a stamp after the aux's own arrival on FULL was seen
+// several microseconds after the state warps had passed that barrier, i.e. ptxas may move a
+// timer read across an arrival). Where FusedParams::timeline is set (the host's launches 5 and 6
+// of the process, fused_sm90.cu), thread 0 stores them there at exit, 8 per CTA; the host prints
+// them at its launch 9 ("TL launch cta t0 .. t6 chunks"), bench/timeline.py summarises the lines.
+// (No printf in the kernel: a call makes ptxas serialize its wgmma, C7510.)
+#ifdef GDNKIT_FUSED_TIMELINE
+constexpr unsigned kTimelineCtas = 1024;
+__shared__ unsigned long long fused_timeline[8];
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define GDNKIT_FUSED_STAMP(cond, slot)                                            \
+  do {                                                                            \
+    if (cond) ::gdnkit::cuda::fused_timeline[slot] = ::gdnkit::cuda::global_ns(); \
+  } while (0)
+#else
+#define GDNKIT_FUSED_STAMP(cond, slot) \
+  do {                                 \
+  } while (0)
+#endif
 
 // D_ij, D_i,j+1 with D_ij = exp(G_i - G_j) from base-2 G (G log2(e)), zero above the diagonal
 // (j > i). Every exponent is <= 0 where it is evaluated: nothing overflows for any gates.
@@ -678,6 +709,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   }
   // Every arrival on a barrier is matched before the CTA exits: the last R chunks' EMPTY.
   for (int jj = j >= R ? j - R : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % R, F::kThreads);
+  GDNKIT_FUSED_STAMP(tid == 0, 5);
 }
 
 // P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
@@ -787,6 +819,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, (j - 1) % R), cluster_rank() ^ 1u));
       }
       named_sync(F::kBarFull + s, F::kThreads);
+      GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
@@ -869,6 +902,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, v0 + l.cw + l.g, l.t));
     }
   }
+  GDNKIT_FUSED_STAMP(tid == 0, 4);
+#ifdef GDNKIT_FUSED_TIMELINE
+  if (tid == 0) fused_timeline[7] = j;
+#endif
 }
 
 template <class F>
@@ -878,6 +915,11 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
       smem_raw + ((kSwizzleAtomBytes - (smem_addr(smem_raw) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
   const int tid = threadIdx.x;
   int* const order = reinterpret_cast<int*>(smem + F::off_order);
+#ifdef GDNKIT_FUSED_TIMELINE
+  if (tid == 0)
+    for (int i = 0; i < 8; ++i) fused_timeline[i] = 0;
+#endif
+  GDNKIT_FUSED_STAMP(tid == 0, 0);
   if (tid == 0) {
     tma_prefetch(&fp.k);
     tma_prefetch(&fp.q);
@@ -890,10 +932,16 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     }
     mbar_init_fence();
   }
+  // The record tiles' zeros (the aux's threads), before this CTA's records (fused_record's first
+  // barrier orders them) and, in a pair, before the peer's first copy into them (the cluster
+  // barrier below, which also has the peer's barriers initialised before any copy or arrival
+  // reaches them).
+  if (tid < 128) zero_record_tiles<F>(smem, tid);
+  // Every launch is a programmatic dependent one (pdl_launch.h): the CTA may start while the kernel
+  // ahead of it on the stream still runs. The barriers, the descriptor prefetches and the zeros
+  // above overlap it; nothing in global memory is read or written before this wait.
+  grid_dependency_wait();
   if constexpr (F::kWalks) {
-    // A split's stage 1 may start while the kernel before it runs (cp.cu): the barriers and the
-    // descriptor prefetches above overlap it, the walk lists and stop points are read after it.
-    grid_dependency_wait();
     // The CTA's entries, into shared memory (walk_entry) before the barrier below.
     if (tid < kCtaWalks) {
       const std::int64_t i = blockIdx.z + static_cast<std::int64_t>(tid) * gridDim.z;
@@ -909,12 +957,8 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   } else {
     __syncthreads();  // the barriers are initialised
   }
-  // The record tiles' zeros (the aux's threads), before this CTA's records (fused_record's first
-  // barrier orders them) and, in a pair, before the peer's first copy into them (the cluster
-  // barrier below, which also has the peer's barriers initialised before any copy or arrival
-  // reaches them).
-  if (tid < 128) zero_record_tiles<F>(smem, tid);
   if (fused_paired<F>()) cluster_sync();
+  GDNKIT_FUSED_STAMP(tid == 0, 1);
   if (tid < 128) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
     fused_aux<F>(fp, smem, order, tid);
@@ -924,6 +968,15 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   }
   // Neither CTA of a pair exits while the other may still copy into it or arrive on its barriers.
   if (fused_paired<F>()) cluster_sync();
+#ifdef GDNKIT_FUSED_TIMELINE
+  __syncthreads();
+  if (tid == 0) {
+    fused_timeline[6] = global_ns();
+    const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (fp.timeline != nullptr && cta < kTimelineCtas)
+      for (int i = 0; i < 8; ++i) fp.timeline[8 * cta + i] = fused_timeline[i];
+  }
+#endif
 }
 
 // grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a

@@ -1,6 +1,7 @@
-// Programmatic dependent launch (sm_90), for the split's chain of launches (cp.cu): a kernel
-// launched with cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled before the
-// kernel ahead of it on the stream has finished, which hides the launch gap between them. It must
+// Programmatic dependent launch (sm_90), for the split's chain of launches (cp.cu) and every fused
+// kernel's launch (fused_sm90.cu): a kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled before the kernel ahead of it
+// on the stream has finished, which hides the launch gap between them. It must
 // call grid_dependency_wait() before it reads anything that kernel wrote: the wait returns once
 // that kernel has completed and its writes are visible. Without the attribute, and below sm_90, it
 // returns at once. No kernel triggers its dependents early (griddepcontrol.launch_dependents, at
