@@ -738,16 +738,47 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
+  // With GDNKIT_FUSED_P_STSM defined, P formed by the aux (kAuxP) goes out as stmatrix fragments
+  // (the accumulator's C tiles are exactly those): each stsm_x4 stores column tiles n, n + 1 (rows
+  // 0-7 and 8-15 of the warp's 16 each), one 16-byte row piece per lane, a quarter of the store
+  // instructions. Measured 0.9-1.4% faster on the 64-column pairs, whose aux sets the step (in the
+  // state warpgroups of the 128-column kernel level or slower, and its walk-list variants then
+  // spill); the emulator runs it, the GPU suites have not yet, so it is off by default
+  // (docs/perf-notes.md, "P stored by stmatrix").
+#ifdef GDNKIT_FUSED_P_STSM
+  constexpr bool kStsm = F::kAuxP;
+#else
+  constexpr bool kStsm = false;
+#endif
+  if constexpr (kStsm) {
 #pragma unroll
-  for (int n = 0; n < NP / 8; ++n) {
-    const int j = NP * wg + 8 * n + 2 * t;
-    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+    for (int q = 0; q < NP / 16; ++q) {
+      std::uint32_t r[4];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int i = i0 + 8 * hh;
-      const float2 d = decay_pair(gi[hh], gj, i, j);
-      *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
-          pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
+      for (int nn = 0; nn < 2; ++nn) {
+        const int n = 2 * q + nn, j = NP * wg + 8 * n + 2 * t;
+        const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float2 d = decay_pair(gi[hh], gj, i0 + 8 * hh, j);
+          r[2 * nn + hh] = pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
+        }
+      }
+      const int m = lane / 8;
+      stsm_x4(P + swizzle128(16 * warp + 8 * (m % 2) + lane % 8, (NP * wg) / 8 + 2 * q + m / 2), r);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NP / 8; ++n) {
+      const int j = NP * wg + 8 * n + 2 * t;
+      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = i0 + 8 * hh;
+        const float2 d = decay_pair(gi[hh], gj, i, j);
+        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
+            pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
+      }
     }
   }
 }

@@ -38,6 +38,15 @@ __device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], const void*
                : "r"(smem_addr(row)));
 }
 
+// The inverse of ldsm_x4 (stmatrix, sm_90): lanes 8 m .. 8 m + 7 give the row addresses of matrix
+// m, and r[m] holds matrix m in the C layout of one 8 x 8 quarter (lane holds row g, columns 2t,
+// 2t + 1), as a wgmma accumulator's C tiles do after packing to 16 bits.
+__device__ __forceinline__ void stsm_x4(void* row, const std::uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row)), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // d += A B (16 x 8 x 16).
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);

@@ -40,6 +40,19 @@ inline void ldsm_x4_trans(std::uint32_t (&r)[4], const void* row) {
   }
   wbar();
 }
+inline void stsm_x4(void* row, const std::uint32_t (&r)[4]) {
+  check16(row);
+  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32;
+  wbar(); x.ptr[L] = row; for (int m = 0; m < 4; ++m) x.u[L][m] = r[m]; wbar();
+  std::uint16_t* rp = static_cast<std::uint16_t*>(const_cast<void*>(x.ptr[L]));
+  const int m = L / 8, rr = L % 8;
+  for (int t = 0; t < 4; ++t) {
+    const std::uint32_t w = x.u[4 * rr + t][m];
+    rp[2 * t] = static_cast<std::uint16_t>(w & 0xffff);
+    rp[2 * t + 1] = static_cast<std::uint16_t>(w >> 16);
+  }
+  wbar();
+}
 template <typename T> inline float h2f(std::uint16_t b) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return gdnkit::detail::bf16_to_float(b);
   else return gdnkit::detail::fp16_to_float(b);
