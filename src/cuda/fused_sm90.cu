@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/chunked.h"
@@ -100,13 +101,17 @@ constexpr std::size_t fused_smem_bytes() {
 #ifdef GDNKIT_FUSED_TIMELINE
 // The timeline build's host side (fused_sm90.cuh, GDNKIT_FUSED_TIMELINE): the stamps' buffer (device
 // memory) for the process's launches 5 and 6; at launch 9 it waits for the device, copies them back
-// and prints them.
-unsigned long long* timeline_for_launch(dim3 grid) {
+// and prints them. The chunks stamped step by step start at GDNKIT_TIMELINE_J0 (default 0).
+void set_timeline(FusedParams& fp, dim3 grid) {
   static unsigned long long* buf = nullptr;
   static unsigned ctas[2] = {0, 0};
   static int launches = 0;
-  constexpr std::size_t kWords = 2 * kTimelineCtas * 8;
-  if (buf == nullptr && cudaMalloc(&buf, kWords * sizeof(unsigned long long)) != cudaSuccess) return nullptr;
+  static const int j0 = [] {
+    const char* e = std::getenv("GDNKIT_TIMELINE_J0");
+    return e ? std::atoi(e) : 0;
+  }();
+  constexpr std::size_t kWords = 2 * kTimelineCtas * kTimelineSlots;
+  if (buf == nullptr && cudaMalloc(&buf, kWords * sizeof(unsigned long long)) != cudaSuccess) return;
   const int k = launches++;
   if (k == 9) {
     static unsigned long long host[kWords];
@@ -114,14 +119,16 @@ unsigned long long* timeline_for_launch(dim3 grid) {
         cudaMemcpy(host, buf, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess)
       for (int l = 0; l < 2; ++l)
         for (unsigned c = 0; c < ctas[l]; ++c) {
-          const unsigned long long* const t = host + (l * kTimelineCtas + c) * 8;
-          std::printf("TL %d %u %llu %llu %llu %llu %llu %llu %llu %llu\n", l + 5, c, t[0], t[1], t[2], t[3], t[4],
-                      t[5], t[6], t[7]);
+          const unsigned long long* const t = host + (l * kTimelineCtas + c) * kTimelineSlots;
+          std::printf("TL %d %u", l + 5, c);
+          for (int i = 0; i < kTimelineSlots; ++i) std::printf(" %llu", t[i]);
+          std::printf("\n");
         }
   }
-  if (k != 5 && k != 6) return nullptr;
+  if (k != 5 && k != 6) return;
   ctas[k - 5] = std::min(grid.x * grid.y * grid.z, kTimelineCtas);
-  return buf + (k - 5) * kTimelineCtas * 8;
+  fp.timeline = buf + (k - 5) * kTimelineCtas * kTimelineSlots;
+  fp.timeline_j0 = j0;
 }
 #endif
 
@@ -139,7 +146,7 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
 #ifdef GDNKIT_FUSED_TIMELINE
-  fp.timeline = timeline_for_launch(grid);
+  set_timeline(fp, grid);
 #endif
   void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(F::DVB / 16, params, grid);
@@ -231,7 +238,7 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
 #ifdef GDNKIT_FUSED_TIMELINE
-  fp.timeline = timeline_for_launch(grid);
+  set_timeline(fp, grid);
 #endif
   void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(k.warps, p, grid);

@@ -163,6 +163,7 @@ struct FusedParams {
   CUtensorMap k, q, v;
 #ifdef GDNKIT_FUSED_TIMELINE
   unsigned long long* timeline = nullptr;  // the phase stamps' destination (fused_cta), or none
+  int timeline_j0 = 0;                      // the first of the eight chunks stamped step by step
 #endif
 };
 
@@ -208,13 +209,18 @@ struct FusedProbe {
 // 0, past FULL of chunk 0: the first record is out), 4 the last step done, 5 the aux done, 6 the
 // exit; 7 the chunks walked (slot 2 unused: a stamp after the aux's own arrival on FULL was seen
 // several microseconds after the state warps had passed that barrier, i.e. ptxas may move a
-// timer read across an arrival). Where FusedParams::timeline is set (the host's launches 5 and 6
-// of the process, fused_sm90.cu), thread 0 stores them there at exit, 8 per CTA; the host prints
-// them at its launch 9 ("TL launch cta t0 .. t6 chunks"), bench/timeline.py summarises the lines.
+// timer read across an arrival). Then, for the eight chunks j0 + k (FusedParams::timeline_j0, the
+// host's GDNKIT_TIMELINE_J0): 8 + k state thread 0 past FULL of the chunk, 16 + k its step done,
+// 24 + k the aux's record formed (before its V wait and FULL arrival); 32 + w warp w done with its
+// role (lane 0, back from fused_aux or fused_state). Where FusedParams::timeline is set (the
+// host's launches 5 and 6 of the process, fused_sm90.cu), thread 0 stores them there at exit,
+// kTimelineSlots per CTA; the host prints them at its launch 9 ("TL launch cta t0 .. t47"),
+// bench/timeline.py summarises the lines.
 // (No printf in the kernel: a call makes ptxas serialize its wgmma, C7510.)
 #ifdef GDNKIT_FUSED_TIMELINE
 constexpr unsigned kTimelineCtas = 1024;
-__shared__ unsigned long long fused_timeline[8];
+constexpr int kTimelineSlots = 48;
+__shared__ unsigned long long fused_timeline[kTimelineSlots];
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -224,7 +230,13 @@ __device__ __forceinline__ unsigned long long global_ns() {
   do {                                                                            \
     if (cond) ::gdnkit::cuda::fused_timeline[slot] = ::gdnkit::cuda::global_ns(); \
   } while (0)
+// Chunk j's stamp in slot base + (j - j0) where j is among the eight stamped ones.
+#define GDNKIT_FUSED_STAMP_STEP(cond, j, j0, base) \
+  GDNKIT_FUSED_STAMP((cond) && (j) >= (j0) && (j) < (j0) + 8, (base) + ((j) - (j0)) % 8)
 #else
+#define GDNKIT_FUSED_STAMP_STEP(cond, j, j0, base) \
+  do {                                             \
+  } while (0)
 #define GDNKIT_FUSED_STAMP(cond, slot) \
   do {                                 \
   } while (0)
@@ -683,6 +695,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                      tid);
       }
 #endif
+      GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 24);
       if (pair_own<F>(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
@@ -738,18 +751,13 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
-  // With GDNKIT_FUSED_P_STSM defined, P formed by the aux (kAuxP) goes out as stmatrix fragments
-  // (the accumulator's C tiles are exactly those): each stsm_x4 stores column tiles n, n + 1 (rows
-  // 0-7 and 8-15 of the warp's 16 each), one 16-byte row piece per lane, a quarter of the store
-  // instructions. Measured 0.9-1.4% faster on the 64-column pairs, whose aux sets the step (in the
-  // state warpgroups of the 128-column kernel level or slower, and its walk-list variants then
-  // spill); the emulator runs it, the GPU suites have not yet, so it is off by default
-  // (docs/perf-notes.md, "P stored by stmatrix").
-#ifdef GDNKIT_FUSED_P_STSM
+  // P formed by the aux (kAuxP) goes out as stmatrix fragments (the accumulator's C tiles are
+  // exactly those): each stsm_x4 stores column tiles n, n + 1 (rows 0-7 and 8-15 of the warp's 16
+  // each), one 16-byte row piece per lane, a quarter of the store instructions. Measured 0.9-1.4%
+  // faster on the 64-column pairs, whose aux sets the step; in the state warpgroups of the
+  // 128-column kernel level or slower, and its walk-list variants then spill (docs/perf-notes.md,
+  // "P stored by stmatrix").
   constexpr bool kStsm = F::kAuxP;
-#else
-  constexpr bool kStsm = false;
-#endif
   if constexpr (kStsm) {
 #pragma unroll
     for (int q = 0; q < NP / 16; ++q) {
@@ -851,6 +859,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       }
       named_sync(F::kBarFull + s, F::kThreads);
       GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
+      GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
@@ -914,6 +923,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
         default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
       }
+      GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 16);
       named_arrive(F::kBarEmpty + s, F::kThreads);
       probe.mark();
       probe.print("state: full-wait walk");
@@ -948,7 +958,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   int* const order = reinterpret_cast<int*>(smem + F::off_order);
 #ifdef GDNKIT_FUSED_TIMELINE
   if (tid == 0)
-    for (int i = 0; i < 8; ++i) fused_timeline[i] = 0;
+    for (int i = 0; i < kTimelineSlots; ++i) fused_timeline[i] = 0;
 #endif
   GDNKIT_FUSED_STAMP(tid == 0, 0);
   if (tid == 0) {
@@ -997,6 +1007,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     if constexpr (F::kStateWarpgroups == 2) regs_up<F::kStateRegs>();
     fused_state<F>(fp, smem, order, tid - 128);
   }
+  GDNKIT_FUSED_STAMP(tid % 32 == 0, 32 + tid / 32);
   // Neither CTA of a pair exits while the other may still copy into it or arrive on its barriers.
   if (fused_paired<F>()) cluster_sync();
 #ifdef GDNKIT_FUSED_TIMELINE
@@ -1005,7 +1016,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     fused_timeline[6] = global_ns();
     const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     if (fp.timeline != nullptr && cta < kTimelineCtas)
-      for (int i = 0; i < 8; ++i) fp.timeline[8 * cta + i] = fused_timeline[i];
+      for (int i = 0; i < kTimelineSlots; ++i) fp.timeline[kTimelineSlots * cta + i] = fused_timeline[i];
   }
 #endif
 }
