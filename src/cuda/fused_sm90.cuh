@@ -215,7 +215,9 @@ struct FusedProbe {
 // role (lane 0, back from fused_aux or fused_state). Where FusedParams::timeline is set (the
 // host's launches 5 and 6 of the process, fused_sm90.cu), thread 0 stores them there at exit,
 // kTimelineSlots per CTA; the host prints them at its launch 9 ("TL launch cta t0 .. t47"),
-// bench/timeline.py summarises the lines.
+// bench/timeline.py summarises the lines. ptxas schedules the timer reads, and a barrier does not
+// pin them: the stamps of one CTA were seen to disagree by several microseconds
+// (docs/perf-notes.md, "Step-by-step stamps"), so read them as indicative.
 // (No printf in the kernel: a call makes ptxas serialize its wgmma, C7510.)
 #ifdef GDNKIT_FUSED_TIMELINE
 constexpr unsigned kTimelineCtas = 1024;
