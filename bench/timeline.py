@@ -40,9 +40,11 @@ def main():
             d = [(c[i] - t0) / 1e3 for c in ctas if c[i] > 0]
             if d:
                 print(f"  {name:15s} median {statistics.median(d):8.2f} max {max(d):8.2f} us")
-        steps = [(c[4] - c[3]) / 1e3 / max(c[7] - 1, 1) for c in ctas if c[3] > 0 and c[7] > 1]
+        # Step 0's start to the last step's end spans all the CTA's steps (dividing by n - 1 had
+        # overstated the short rows' steps).
+        steps = [(c[4] - c[3]) / 1e3 / c[7] for c in ctas if c[3] > 0 and c[7] > 0]
         if steps:
-            print(f"  per step after step 0: median {statistics.median(steps):.3f} us")
+            print(f"  per step (step 0 begun to last step done, over the chunks): median {statistics.median(steps):.3f} us")
         med = lambda v: f"{statistics.median(v) / 1e3:6.2f}" if v else "     -"
         rows = []
         for k in range(8):
