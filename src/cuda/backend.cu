@@ -411,6 +411,7 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
     // The descriptors of any call of this problem, at a placeholder address that run() replaces.
     Tensors at;
     at.q = at.k = at.v = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+    at.o = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
     FusedMaps maps;
     c.has_fused_maps = encode_fused_maps(chunked_params(problem, s, at), problem.qkv_dtype, s.dk, &maps);
     std::memcpy(c.fused_maps.data(), maps.bytes, sizeof maps.bytes);
@@ -419,6 +420,8 @@ Config plan(const Problem& problem, const detail::Shape& s, const Options& optio
 }
 
 namespace {
+
+static_assert(sizeof(Config::fused_maps) == sizeof(FusedMaps), "the plan holds one FusedMaps");
 
 // The call's fused-kernel descriptors: the plan's, pointed at p's tensors (else encoded anew).
 bool call_fused_maps(const Config& c, const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps) {
@@ -457,7 +460,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   if (fused && !call_fused_maps(c, p, problem.qkv_dtype, s.dk, &maps))
     throw Error(K::cuda, "launch",
                 std::string("launch: ") + (c.cp_segments >= 2 ? c.name.c_str() : c.kernel) +
-                    " failed: the driver refused the TMA descriptors of q, k or v");
+                    " failed: the driver refused the TMA descriptors of q, k, v or o");
   if (c.cp_segments >= 2) {
     CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
     layout.pairs = c.cp_pairs;

@@ -36,10 +36,10 @@ struct Config {
   float cp_cutoff = 0.0f;                  // Options::split_decay_cutoff (0: exact)
   bool cp_pairs = false;                   // stage 1 in value and map pairs (CpLayout::pairs)
   std::string name;                        // kernel's storage when it is composed (the split)
-  // The fused kernels' TMA descriptors (K, Q, V; chunked.h FusedMaps), encoded here for the
+  // The fused kernels' TMA descriptors (K, Q, V, O; chunked.h FusedMaps), encoded here for the
   // problem's shapes and strides: run() only replaces their addresses (encoding costs about a
   // microsecond each on the host). Empty when no fused kernel runs or the driver refused them.
-  std::array<unsigned char, 3 * 128> fused_maps{};
+  std::array<unsigned char, 4 * 128> fused_maps{};
   bool has_fused_maps = false;
 };
 

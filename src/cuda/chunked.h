@@ -301,15 +301,15 @@ const SplitKernel* find_split_kernel(DType dtype, int dk, int warps, bool sm90a 
 // device, for the planner's kernels).
 const SplitKernel* find_fused_kernel(DType dtype, int dk, int dvb, bool walks = false);
 
-// The fused kernels' three TMA descriptors (K, Q, V) of one call, opaque: encoded by
+// The fused kernels' four TMA descriptors (K, Q, V and O) of one call, opaque: encoded by
 // encode_fused_maps (about a microsecond each) or rebased from the plan's (rebase_fused_maps) for
 // launch_fused_encoded.
 struct alignas(128) FusedMaps {
-  unsigned char bytes[3 * 128];
+  unsigned char bytes[4 * 128];
 };
 // False when the driver rejects a layout or no fused kernel was built.
 bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps);
-// Points maps, encoded for a problem of p's shapes and strides (any addresses), at p's k, q and v
+// Points maps, encoded for a problem of p's shapes and strides (any addresses), at p's k, q, v and o
 // (cuTensorMapReplaceAddress: a fraction of an encoding's cost). False when the driver refuses.
 bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p);
 // Launches k (a fused kernel of the maps' dtype and dk) over p with the encoded maps, as a

@@ -132,7 +132,7 @@ void set_timeline(FusedParams& fp, dim3 grid) {
 }
 #endif
 
-// Encodes the call's three TMA descriptors (about a microsecond each on the host), then launches.
+// Encodes the call's four TMA descriptors (about a microsecond each on the host), then launches.
 template <typename T, int DK, int DVB, bool kWalks = false>
 cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStream_t stream) {
   using F = FusedSm90<T, DK, DVB, kWalks>;
@@ -199,8 +199,8 @@ const SplitKernel kWalkKernels[] = {
 
 }  // namespace
 
-static_assert(sizeof(FusedMaps) == 3 * sizeof(CUtensorMap) && alignof(FusedMaps) >= alignof(CUtensorMap),
-              "FusedMaps holds the three descriptors of FusedParams");
+static_assert(sizeof(FusedMaps) == 4 * sizeof(CUtensorMap) && alignof(FusedMaps) >= alignof(CUtensorMap),
+              "FusedMaps holds the four descriptors of FusedParams");
 
 bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps) {
   FusedParams fp;
@@ -212,6 +212,7 @@ bool encode_fused_maps(const ChunkedParams& p, DType dtype, int dk, FusedMaps* m
   std::memcpy(maps->bytes, &fp.k, sizeof(CUtensorMap));
   std::memcpy(maps->bytes + sizeof(CUtensorMap), &fp.q, sizeof(CUtensorMap));
   std::memcpy(maps->bytes + 2 * sizeof(CUtensorMap), &fp.v, sizeof(CUtensorMap));
+  std::memcpy(maps->bytes + 3 * sizeof(CUtensorMap), &fp.o, sizeof(CUtensorMap));
   return true;
 }
 
@@ -222,7 +223,7 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
   auto* const m = reinterpret_cast<CUtensorMap*>(maps->bytes);
   return replace(&m[0], const_cast<void*>(p.k)) == CUDA_SUCCESS &&
          replace(&m[1], const_cast<void*>(p.q)) == CUDA_SUCCESS &&
-         replace(&m[2], const_cast<void*>(p.v)) == CUDA_SUCCESS;
+         replace(&m[2], const_cast<void*>(p.v)) == CUDA_SUCCESS && replace(&m[3], p.o) == CUDA_SUCCESS;
 }
 
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
@@ -237,6 +238,7 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
   std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));
   std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
   std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+  std::memcpy(&fp.o, maps.bytes + 3 * sizeof(CUtensorMap), sizeof(CUtensorMap));
 #ifdef GDNKIT_FUSED_TIMELINE
   set_timeline(fp, grid);
 #endif

@@ -25,8 +25,9 @@
 // 32-bit). With one, every warpgroup keeps 255.
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
-// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two,
-// the record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
+// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
+// (in the unsplit 128-column kernel a full chunk's V stage then holds its O for a TMA store), the
+// record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
 // GDNKIT_FUSED_REC_STAGES=2), P in one buffer (in the record stages with kAuxP); mbarriers track
 // the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
 // in place; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
@@ -42,7 +43,8 @@
 // the rows of its V columns that the walk reads (racecheck flags the aux doing it across the FULL
 // barrier; masking X in the walk costs the walk spills). Gates and beta of padding rows
 // are 0; the walk runs only the valid row blocks and writes only valid rows, so nothing past a
-// sequence's end is written. The descriptors are kernel parameters (__grid_constant__), never
+// sequence's end is written (a TMA store, whose box is 64 rows, only ever takes a full chunk; a
+// tail's O goes out by ordinary stores of its valid rows). The descriptors are kernel parameters (__grid_constant__), never
 // modified.
 #pragma once
 
@@ -155,12 +157,12 @@ struct FusedSm90 {
   }
 };
 
-// The kernel's parameters: the split path's, and TMA descriptors of k, q and v as 3-D tensors
+// The kernel's parameters: the split path's, and TMA descriptors of k, q, v and o as 3-D tensors
 // (columns, tokens, heads), boxes of 64 x 64 x 1 with the 128-byte swizzle. Built on the host for
 // every call and passed by value (__grid_constant__): nothing is shared between launches.
 struct FusedParams {
   ChunkedParams p;
-  CUtensorMap k, q, v;
+  CUtensorMap k, q, v, o;
 #ifdef GDNKIT_FUSED_TIMELINE
   unsigned long long* timeline = nullptr;  // the phase stamps' destination (fused_cta), or none
   int timeline_j0 = 0;                      // the first of the eight chunks stamped step by step
@@ -176,7 +178,8 @@ inline bool make_fused_params(const ChunkedParams& p, FusedParams* fp) {
   if (p.tokens == 0) return true;  // no chunks, no copies (q, k, v may be null): only final states
   return encode_tile_map(&fp->k, p.k, bf16, DK, p.tokens, p.k_heads, p.k_token, p.k_head) &&
          encode_tile_map(&fp->q, p.q, bf16, DK, p.tokens, p.q_heads, p.q_token, p.q_head) &&
-         encode_tile_map(&fp->v, p.v, bf16, p.dv, p.tokens, p.v_heads, p.v_token, p.v_head);
+         encode_tile_map(&fp->v, p.v, bf16, p.dv, p.tokens, p.v_heads, p.v_token, p.v_head) &&
+         encode_tile_map(&fp->o, p.o, bf16, p.dv, p.tokens, p.num_heads, p.o_token, p.o_head);
 }
 
 // Cycle stamps of the aux's phases (thread 0 of CTA (0, 0, 0), chunk 8), printed, in builds with
@@ -819,6 +822,28 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   float st[DK / 8][4];
   constexpr int R = F::kRecStages;
   int j = 0;
+  // O of a full chunk goes out by TMA (not in the walk-list kernels): every warp stages its columns
+  // in the chunk's V stage, which only its own make_x read and nothing rewrites before chunk j + 2's
+  // V copy; state thread 0 stores the stage after the next FULL barrier (every warp's stmatrix done),
+  // and waits for the store's reads before that copy (5-6% off the 128-column rows; without the
+  // stores at all the step was ~13% shorter: docs/perf-notes.md, "O stored by TMA").
+  // The one-warpgroup kernels (64-column pairs) keep direct stores: staged as above, with V's copy
+  // moved after the store, they ran 2.5-4.5% slower. GDNKIT_FUSED_STAGE_O64 builds stage there in
+  // another form, not yet timed on a GPU (the emulator passes): the warps meet at a barrier of
+  // their own after staging, thread 0 stores at once, and V's copy stays right after FULL.
+#ifndef GDNKIT_FUSED_STAGE_O64
+#define GDNKIT_FUSED_STAGE_O64 0
+#endif
+  constexpr bool kStageO = !F::kWalks && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
+  constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
+  int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
+  const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
+#pragma unroll
+    for (int b = 0; b < F::DVB / 64; ++b)
+      tma_store_3d(&fp.o, reinterpret_cast<const unsigned char*>(F::v(smem, c % 2)) + b * (C * 128), v0 + 64 * b,
+                   o_pending, h);
+    bulk_commit();
+  };
   // Walk i's sequence (for its initial and final state).
   auto walk_seq = [&](std::int64_t i) -> std::int64_t {
     if constexpr (F::kWalks) return walk_entry(order, i).seq;
@@ -863,6 +888,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
+      if constexpr (kStageO && !kStoreAtEnd)
+        if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
       // thread 0 issues them while the step's K S and Q S are in flight (walk_chunk's aside):
@@ -870,19 +897,33 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // (2-6% slower on the 128-column rows). With one (64-column pairs, whose aux sets the step)
       // they are issued here: later, they delayed the aux's next records (1-2% slower;
       // docs/perf-notes.md).
-      constexpr bool kCopiesAside = F::kStateWarpgroups == 2;
-      const auto copies = [&] {
+      // V's copy goes there too where O is staged: it waits for the store's reads of the stage.
+      constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || (kStageO && !kStoreAtEnd);
+      const auto copy_kq = [&] {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
         if (tid == 0 && j >= 1) {
-          const int* const a = F::ahead(smem, s);
-          if (a[0] >= 0) copy.v(a[0], (j + 1) % 2);
-          if (a[1] >= 0) copy.kq(a[1], (j + 2) % 3);
+          const int a = F::ahead(smem, s)[1];
+          if (a >= 0) copy.kq(a, (j + 2) % 3);
         }
 #endif
       };
-      if constexpr (!kCopiesAside) copies();
+      const auto copy_v = [&] {
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+        if (tid == 0 && j >= 1) {
+          const int a = F::ahead(smem, s)[0];
+          if (a >= 0) {
+            if constexpr (kStageO) bulk_wait_read<0>();  // chunk j - 1's O, staged where V goes
+            copy.v(a, (j + 1) % 2);
+          }
+        }
+#endif
+      };
+      if constexpr (!kVAside) copy_v();
+      if constexpr (!kCopiesAside) copy_kq();
       const auto aside = [&] {
-        if constexpr (kCopiesAside) copies();
+        if constexpr (kVAside && !kStageO) copy_v();
+        if constexpr (kCopiesAside) copy_kq();
+        if constexpr (kVAside && kStageO) copy_v();  // after K and Q: it waits for the O store's reads
       };
       probe.mark();
       unsigned char* const rec = F::rec(smem, s);
@@ -915,15 +956,28 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       const int mkk = (to_map ? (static_cast<int>(blockIdx.x) - p.value_blocks) * (F::DVB / 16) : 0) + mt / 32;
       T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(c0, h, mkk, mt % 32, p.num_heads, DK)
                               : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw + c0 * o_token;
+      unsigned char* const o_stage =
+          kStageO && nrows == C ? reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) : nullptr;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
       if (nrows > 0) aside();
       else
 #endif
       switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<W, 4>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
+        case 4: walk_chunk<W, 4, kStageO>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside, o_stage); break;
         case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
         case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
         default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
+      }
+      if constexpr (kStageO) {
+        if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
+        o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
+        if constexpr (kStoreAtEnd) {
+          if (o_pending >= 0) {
+            named_sync(F::kBarP, 128);  // every warp's stmatrix
+            if (tid == 0) store_staged_o(j);
+          }
+          o_pending = -1;
+        }
       }
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 16);
       named_arrive(F::kBarEmpty + s, F::kThreads);
@@ -944,6 +998,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     } else if (p.want_final_state) {
       store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, v0 + l.cw + l.g, l.t));
     }
+  }
+  if constexpr (kStageO) {  // the last chunk's staged O; no store is in flight at exit
+    if (o_pending >= 0) {
+      named_sync(F::kBarP, 128 * F::kStateWarpgroups);  // every warp's stmatrix
+      if (tid == 0) store_staged_o(j - 1);
+    }
+    if (tid == 0) bulk_wait<0>();
   }
   GDNKIT_FUSED_STAMP(tid == 0, 4);
 #ifdef GDNKIT_FUSED_TIMELINE

@@ -47,6 +47,14 @@ __device__ __forceinline__ void stsm_x4(void* row, const std::uint32_t (&r)[4]) 
                : "memory");
 }
 
+// stsm_x4 with each matrix stored transposed: row k of matrix m (at lane 8 m + k's address) gets
+// column k of the C-layout quarter, i.e. the lanes' (g, 2t) elements land at row 2t, column g.
+__device__ __forceinline__ void stsm_x4_trans(void* row, const std::uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // d += A B (16 x 8 x 16).
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);

@@ -268,10 +268,15 @@ struct MmaSyncWalk {
 struct NoAside {
   __device__ void operator()() const {}
 };
-template <class W, int NB, class Aside = NoAside>
+// kStageO (the fused kernel, sm_90): where o_stage is set (full chunks), instead of storing O the
+// warp writes its 16 columns of O into the 128-byte-swizzled [64 tokens][64 columns] tile of its
+// 64-column block at o_stage (stmatrix, transposed), for a TMA store that the caller issues after
+// fencing them and a barrier.
+template <class W, int NB, bool kStageO = false, class Aside = NoAside>
 __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const WalkStage<typename W::T>& S,
                                            const WalkLane& l, bool zero_state, int nrows, float scale,
-                                           typename W::T* orow0, std::int64_t o_token, Aside&& aside = Aside{}) {
+                                           typename W::T* orow0, std::int64_t o_token, Aside&& aside = Aside{},
+                                           unsigned char* o_stage = nullptr) {
   using T = typename W::T;
   constexpr int DK = W::DK, LDV = W::LDV;
   const int t = l.t;
@@ -358,6 +363,27 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   // paired step after its waits (docs/perf-notes.md, "The O stores"). (A row pointer stepped by 8
   // rows instead of each row's address spilled in the walk-list kernels.)
   auto store_o = [&] {
+#if defined(GDNKIT_WALK_PROBE_OUT) && (GDNKIT_WALK_PROBE_OUT & 4)
+    return;
+#endif
+    if constexpr (kStageO && NB == 4) {
+      if (o_stage != nullptr) {
+        // stmatrix k stores tiles 2k, 2k + 1 as four 8 x 8 quarters m (tile 2k + m / 2, columns
+        // 8 (m % 2) ..; rows g, tokens 2t): transposed, row rr of quarter m is token
+        // 16 k + 8 (m / 2) + rr, eight columns from the warp's first + 8 (m % 2).
+        const int lane = 4 * l.g + l.t, m = lane / 8, rr = lane % 8;
+        unsigned char* const row = o_stage + (l.cw / 64) * (kChunk * 128) +
+                                   swizzle128(8 * (m / 2) + rr, (l.cw % 64) / 8 + m % 2);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const std::uint32_t r[4] = {pack2<T>(qs[2 * k][0], qs[2 * k][1]), pack2<T>(qs[2 * k][2], qs[2 * k][3]),
+                                      pack2<T>(qs[2 * k + 1][0], qs[2 * k + 1][1]),
+                                      pack2<T>(qs[2 * k + 1][2], qs[2 * k + 1][3])};
+          stsm_x4_trans(row + k * (16 * 128), r);  // rows 16 apart swizzle alike
+        }
+        return;
+      }
+    }
     std::uint32_t ov[2 * NB][2];
 #pragma unroll
     for (int i = 0; i < 2 * NB; ++i) {

@@ -27,6 +27,12 @@
 // either); fencing every stage cost 1.8% on fixed-b2-t4096 (docs/perf-notes.md, 61c1023).
 #pragma once
 
+// A measurement aid (results are wrong with it): GDNKIT_WALK_PROBE_OUT skips the step's output side,
+// bit 0 Q S, bit 1 P Vn, bit 2 the O stores (walk_kernel.cuh), to bound what it costs the step.
+#ifndef GDNKIT_WALK_PROBE_OUT
+#define GDNKIT_WALK_PROBE_OUT 0
+#endif
+
 #include "cuda/walk_kernel.cuh"
 #include "cuda/wgmma_sm90.cuh"
 
@@ -186,9 +192,11 @@ struct WgmmaWalk {
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
+#if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc_add(dk, k_bytes + gmma_kstep(kk, kChunk)), true);
+#endif
       gmma_commit();
       aside();
       gmma_wait<0>();
@@ -226,7 +234,9 @@ struct WgmmaWalk {
     fence_all(na);
     gmma_fence(qf);
     gmma_arrive();
+#if !(GDNKIT_WALK_PROBE_OUT & 2)
     lower_products<NB>(qf, na, dp);
+#endif
     gmma_commit();
     decay_state();
     fence_all(da);

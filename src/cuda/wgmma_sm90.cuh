@@ -176,6 +176,29 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, std::uin
       : "memory");
 }
 
+// The reverse: one 64 x 64 box from shared memory at src (128-byte swizzled, 1024-byte aligned) to
+// the tensor at box origin (c0, c1, c2), in the issuing thread's current bulk group; elements
+// outside the tensor are not written. The caller fences the box's shared-memory writes to the async
+// proxy (gmma_smem_fence) and orders them before the issue (a barrier).
+__device__ __forceinline__ void tma_store_3d(const void* map, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<std::uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// Closes the issuing thread's bulk group of stores.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of the thread's bulk groups are still reading their shared memory (then it
+// may be rewritten), or, bulk_wait, are still writing global memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // A contiguous block of global memory (bytes: a multiple of 16, both addresses 16-byte aligned)
 // into shared memory by the TMA unit, completing `bar`'s expected transaction bytes.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {

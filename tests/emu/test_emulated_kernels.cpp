@@ -106,6 +106,8 @@ void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   run_grid(grid, F::kThreads, [&] { cuda::fused_cta<F>(fp); });
   EXPECT_TRUE(cuda::g_tma_pending.empty()) << "TMA copies nobody waited for";
   cuda::g_tma_pending.clear();
+  EXPECT_EQ(cuda::g_bulk_unperformed.load(), 0) << "TMA stores nobody waited for";
+  cuda::g_bulk_unperformed = 0;
 }
 
 // The short walk (short_walk.cuh) with W warps, grid (dv / 16 W, H, z), no workspace.

@@ -53,6 +53,18 @@ inline void stsm_x4(void* row, const std::uint32_t (&r)[4]) {
   }
   wbar();
 }
+inline void stsm_x4_trans(void* row, const std::uint32_t (&r)[4]) {
+  check16(row);
+  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32;
+  wbar(); x.ptr[L] = row; for (int m = 0; m < 4; ++m) x.u[L][m] = r[m]; wbar();
+  std::uint16_t* rp = static_cast<std::uint16_t*>(const_cast<void*>(x.ptr[L]));
+  const int m = L / 8, rr = L % 8;  // stored row rr = column rr of the quarter (lanes 4 c + rr / 2)
+  for (int c = 0; c < 8; ++c) {
+    const std::uint32_t w = x.u[4 * c + rr / 2][m];
+    rp[c] = static_cast<std::uint16_t>(rr % 2 ? w >> 16 : w & 0xffff);
+  }
+  wbar();
+}
 template <typename T> inline float h2f(std::uint16_t b) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return gdnkit::detail::bf16_to_float(b);
   else return gdnkit::detail::fp16_to_float(b);

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -252,6 +253,53 @@ inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int 
     }
   std::lock_guard<std::mutex> lock(g_tma_mutex);
   mbar_record(bar, std::move(c));
+}
+// TMA stores: each is recorded at its issue and performed (shared memory read, global memory
+// written) only when a wait of the issuing thread retires its bulk group, so that a box rewritten
+// between the issue and the wait, or a store never waited for, shows in the results.
+struct TmaStore {
+  const CUtensorMap* map;
+  const unsigned char* src;
+  int c0, c1, c2;
+};
+struct BulkGroups {
+  std::vector<TmaStore> open;                    // issued since the last commit
+  std::deque<std::vector<TmaStore>> groups;      // committed, oldest first
+};
+inline thread_local BulkGroups g_bulk;
+inline std::atomic<long> g_bulk_unperformed{0};  // stores issued and not yet waited for, all threads
+inline void tma_store_3d(const void* map_ptr, const void* src, int c0, int c1, int c2) {
+  if (reinterpret_cast<std::uintptr_t>(src) % 1024) { std::fprintf(stderr, "TMA store box not 1024-byte aligned\n"); std::abort(); }
+  ++g_bulk_unperformed;
+  g_bulk.open.push_back({static_cast<const CUtensorMap*>(map_ptr), static_cast<const unsigned char*>(src), c0, c1, c2});
+}
+inline void bulk_commit() {
+  g_bulk.groups.push_back(std::move(g_bulk.open));
+  g_bulk.open.clear();
+}
+inline void bulk_perform(const TmaStore& st) {
+  const CUtensorMap& m = *st.map;
+  for (int r = 0; r < 64; ++r)
+    for (int col = 0; col < 64; ++col) {
+      const std::uint64_t x = std::uint64_t(st.c0) + col, y = std::uint64_t(st.c1) + r, z = std::uint64_t(st.c2);
+      if (x >= m.dims[0] || y >= m.dims[1] || z >= m.dims[2]) continue;  // outside: not written
+      unsigned char* dst = static_cast<unsigned char*>(const_cast<void*>(m.base)) + z * m.strides[1] + y * m.strides[0] + 2 * x;
+      std::memcpy(dst, st.src + swizzle128(r, col / 8) + 2 * (col % 8), 2);
+    }
+}
+template <int N>
+inline void bulk_wait_read() {
+  while (g_bulk.groups.size() > std::size_t(N)) {
+    for (const TmaStore& st : g_bulk.groups.front()) {
+      bulk_perform(st);
+      --g_bulk_unperformed;
+    }
+    g_bulk.groups.pop_front();
+  }
+}
+template <int N>
+inline void bulk_wait() {
+  bulk_wait_read<N>();
 }
 inline void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
   if (reinterpret_cast<std::uintptr_t>(dst) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16) {
