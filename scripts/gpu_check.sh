@@ -16,6 +16,10 @@
 #       (A/B in one run: bench_gdnkit of other source trees, e.g. `git archive main | tar -x -C
 #        build-ab/base-src`, against this one, alternating, two rounds; AB_BASE may name several
 #        trees; carry them along)
+#   STAGES="build variants" VARIANTS="o4:-DGDNKIT_WALK_PROBE_OUT=4 s64:-DGDNKIT_FUSED_STAGE_O64=1" AB_ROWS=... \
+#       bash scripts/gpu_check.sh
+#       (the same, against bench_gdnkit with only fused_sm90.cu recompiled under each variant's
+#        flags, several flags joined by '#': a minute per variant instead of a second build)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -153,6 +157,38 @@ if has ab; then
       "$bin" --reps 10 --only "$rows" $kernels ${AB_ARGS:-} 2>&1 | grep -v '^#'
     done
   done | tee "$OUT/ab.txt"
+fi
+
+if has variants; then
+  # Each variant NAME:FLAGS recompiles fused_sm90.cu with FLAGS (ninja's own command for it), puts
+  # the object into a copy of the library and relinks bench_gdnkit beside it; all are built at once.
+  rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
+  cc=$(cd "$BUILD" && ninja -t commands bench_gdnkit | grep -- '-c .*fused_sm90.cu' | head -1 | sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//')
+  ln=$(cd "$BUILD" && ninja -t commands bench_gdnkit | grep -- '-o bench_gdnkit' | head -1)
+  obj=$(printf '%s\n' "$cc" | grep -oE -- '-o [^ ]+' | tail -1 | cut -c4-)
+  sides=("$BUILD/bench_gdnkit")
+  for v in ${VARIANTS:-}; do
+    name=${v%%:*}; flags=${v#*:}; flags=${flags//#/ }; d=variant-$name
+    (
+      cd "$BUILD" && mkdir -p "$d" &&
+        eval "${cc/-o $obj/-o $d/fused_sm90.cu.o} $flags" >"$d/build.log" 2>&1 &&
+        cp libgdnkit.a "$d/libgdnkit.a" && ar r "$d/libgdnkit.a" "$d/fused_sm90.cu.o" &&
+        eval "$(printf '%s' "$ln" | sed -e "s| libgdnkit.a | $d/libgdnkit.a |" -e "s|-o bench_gdnkit|-o $d/bench_gdnkit|")" >>"$d/build.log" 2>&1
+    ) &
+    sides+=("$BUILD/$d/bench_gdnkit")
+  done
+  wait
+  for bin in "${sides[@]:1}"; do
+    [ -x "$bin" ] || { status=1; note "variants: $bin not built: $(tail -3 "$(dirname "$bin")/build.log" | tr '\n' ' ')"; }
+  done
+  for round in 1 2; do
+    for bin in "${sides[@]}"; do
+      [ -x "$bin" ] || continue
+      echo "== $bin (round $round)"
+      "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'
+    done
+  done | tee "$OUT/variants.txt"
+  note "variants: ${VARIANTS:-none} (times in $OUT/variants.txt)"
 fi
 
 if has bench; then
