@@ -822,7 +822,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   float st[DK / 8][4];
   constexpr int R = F::kRecStages;
   int j = 0;
-  // O of a full chunk goes out by TMA (not in the walk-list kernels): every warp stages its columns
+  // O of a full chunk goes out by TMA (the unsplit 128-column kernel): every warp stages its columns
   // in the chunk's V stage, which only its own make_x read and nothing rewrites before chunk j + 2's
   // V copy; state thread 0 stores the stage after the next FULL barrier (every warp's stmatrix done),
   // and waits for the store's reads before that copy (5-6% off the 128-column rows; without the
@@ -831,10 +831,16 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   // moved after the store, they ran 2.5-4.5% slower. GDNKIT_FUSED_STAGE_O64 builds stage there in
   // another form, not yet timed on a GPU (the emulator passes): the warps meet at a barrier of
   // their own after staging, thread 0 stores at once, and V's copy stays right after FULL.
+  // GDNKIT_FUSED_STAGE_O_WALKS builds stage the value CTAs' O in the walk-list kernels as well (not
+  // yet timed on a GPU; a map CTA's map_o is in fragment order, which a TMA box does not write).
 #ifndef GDNKIT_FUSED_STAGE_O64
 #define GDNKIT_FUSED_STAGE_O64 0
 #endif
-  constexpr bool kStageO = !F::kWalks && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
+#ifndef GDNKIT_FUSED_STAGE_O_WALKS
+#define GDNKIT_FUSED_STAGE_O_WALKS 0
+#endif
+  constexpr bool kStageO =
+      (!F::kWalks || GDNKIT_FUSED_STAGE_O_WALKS) && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
   constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
@@ -956,8 +962,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       const int mkk = (to_map ? (static_cast<int>(blockIdx.x) - p.value_blocks) * (F::DVB / 16) : 0) + mt / 32;
       T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(c0, h, mkk, mt % 32, p.num_heads, DK)
                               : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw + c0 * o_token;
-      unsigned char* const o_stage =
-          kStageO && nrows == C ? reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) : nullptr;
+      unsigned char* const o_stage = kStageO && nrows == C && (!F::kWalks || (orows > 0 && !to_map))
+                                         ? reinterpret_cast<unsigned char*>(F::v(smem, j % 2))
+                                         : nullptr;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
       if (nrows > 0) aside();
       else
