@@ -30,7 +30,7 @@
 // record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
 // GDNKIT_FUSED_REC_STAGES=2), P in one buffer (in the record stages with kAuxP); mbarriers track
 // the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
-// in place; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
+// in place, V left to the state warps in GDNKIT_FUSED_V_WAIT_STATE builds; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
 // the aux waits before it reuses chunk c's stages for chunk c + R), P (the state warpgroups' P and
 // tail V rows are in place, before the walk reads them). The aux's own barrier orders its phases.
 // The two 64-column CTAs of a walk, and the value and map CTA of a split's segment at 128 columns,
@@ -51,6 +51,13 @@
 #include "cuda/pdl.cuh"
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
+
+// GDNKIT_FUSED_V_WAIT_STATE builds (opt-in, not yet timed on a GPU): the state warps wait for each
+// chunk's V themselves after FULL, so that the aux's FULL arrival, and with it its next records, no
+// longer waits for V's copy (which state thread 0 issues only once the previous step has begun).
+#ifndef GDNKIT_FUSED_V_WAIT_STATE
+#define GDNKIT_FUSED_V_WAIT_STATE 0
+#endif
 
 namespace gdnkit::cuda {
 
@@ -711,7 +718,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                             peer_smem(F::rec_full_bar(smem, j % R), peer));
         }
       }
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_FUSED_PROBE_SKIP != 3 && !GDNKIT_FUSED_V_WAIT_STATE
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V
 #endif
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
@@ -894,6 +901,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
+#if GDNKIT_FUSED_V_WAIT_STATE && GDNKIT_FUSED_PROBE_SKIP != 3
+      mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
+#endif
       if constexpr (kStageO && !kStoreAtEnd)
         if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
