@@ -30,9 +30,10 @@
 // record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
 // GDNKIT_FUSED_REC_STAGES=2), P in one buffer (in the record stages with kAuxP); mbarriers track
 // the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
-// in place, V left to the state warps in GDNKIT_FUSED_V_WAIT_STATE builds; the state warps wait), EMPTY[c % R] (the state warps arrive when done with chunk c;
-// the aux waits before it reuses chunk c's stages for chunk c + R), P (the state warpgroups' P and
-// tail V rows are in place, before the walk reads them). The aux's own barrier orders its phases.
+// in place, V left to the state warps in GDNKIT_FUSED_V_WAIT_STATE builds; the state warps wait),
+// EMPTY[c % R] (the state warps arrive when done with chunk c; the aux waits before it reuses
+// chunk c's stages for chunk c + R), P (the state warpgroups' P and tail V rows are in place,
+// before the walk reads them). The aux's own barrier orders its phases.
 // The two 64-column CTAs of a walk, and the value and map CTA of a split's segment at 128 columns,
 // run as a cluster and share the records (fused_paired).
 //
@@ -44,17 +45,27 @@
 // barrier; masking X in the walk costs the walk spills). Gates and beta of padding rows
 // are 0; the walk runs only the valid row blocks and writes only valid rows, so nothing past a
 // sequence's end is written (a TMA store, whose box is 64 rows, only ever takes a full chunk; a
-// tail's O goes out by ordinary stores of its valid rows). The descriptors are kernel parameters (__grid_constant__), never
-// modified.
+// tail's O goes out by ordinary stores of its valid rows). The descriptors are kernel parameters
+// (__grid_constant__), never modified.
 #pragma once
 
 #include "cuda/pdl.cuh"
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
 
-// GDNKIT_FUSED_V_WAIT_STATE builds (opt-in, not yet timed on a GPU): the state warps wait for each
-// chunk's V themselves after FULL, so that the aux's FULL arrival, and with it its next records, no
-// longer waits for V's copy (which state thread 0 issues only once the previous step has begun).
+// Opt-in switches, off by default and not yet timed on a GPU (the emulator passes with each; time
+// them with scripts/gpu_check.sh's variants stage; docs/perf-notes.md, "O stored by TMA"):
+// - GDNKIT_FUSED_STAGE_O64: the one-warpgroup kernels stage O for a TMA store too (fused_state);
+// - GDNKIT_FUSED_STAGE_O_WALKS: so do the walk-list kernels' value CTAs;
+// - GDNKIT_FUSED_V_WAIT_STATE: the state warps wait for each chunk's V themselves after FULL, so
+//   that the aux's FULL arrival, and with it its next records, no longer waits for V's copy (which
+//   state thread 0 issues only once the previous step has begun).
+#ifndef GDNKIT_FUSED_STAGE_O64
+#define GDNKIT_FUSED_STAGE_O64 0
+#endif
+#ifndef GDNKIT_FUSED_STAGE_O_WALKS
+#define GDNKIT_FUSED_STAGE_O_WALKS 0
+#endif
 #ifndef GDNKIT_FUSED_V_WAIT_STATE
 #define GDNKIT_FUSED_V_WAIT_STATE 0
 #endif
@@ -836,16 +847,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   // stores at all the step was ~13% shorter: docs/perf-notes.md, "O stored by TMA").
   // The one-warpgroup kernels (64-column pairs) keep direct stores: staged as above, with V's copy
   // moved after the store, they ran 2.5-4.5% slower. GDNKIT_FUSED_STAGE_O64 builds stage there in
-  // another form, not yet timed on a GPU (the emulator passes): the warps meet at a barrier of
-  // their own after staging, thread 0 stores at once, and V's copy stays right after FULL.
-  // GDNKIT_FUSED_STAGE_O_WALKS builds stage the value CTAs' O in the walk-list kernels as well (not
-  // yet timed on a GPU; a map CTA's map_o is in fragment order, which a TMA box does not write).
-#ifndef GDNKIT_FUSED_STAGE_O64
-#define GDNKIT_FUSED_STAGE_O64 0
-#endif
-#ifndef GDNKIT_FUSED_STAGE_O_WALKS
-#define GDNKIT_FUSED_STAGE_O_WALKS 0
-#endif
+  // another form: the warps meet at a barrier of their own after staging, thread 0 stores at once,
+  // and V's copy stays right after FULL. GDNKIT_FUSED_STAGE_O_WALKS builds stage the walk-list
+  // kernels' value CTAs (a map CTA's map_o is in fragment order, which a TMA box does not write).
   constexpr bool kStageO =
       (!F::kWalks || GDNKIT_FUSED_STAGE_O_WALKS) && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
   constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
