@@ -26,11 +26,11 @@
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
-// (in the unsplit 128-column kernel a full chunk's V stage then holds its O for a TMA store), the
+// (a full chunk's V stage then holds its O for a TMA store), the
 // record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
 // GDNKIT_FUSED_REC_STAGES=2), P in one buffer (in the record stages with kAuxP); mbarriers track
 // the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
-// in place, V left to the state warps in GDNKIT_FUSED_V_WAIT_STATE builds; the state warps wait),
+// in place, V left to the state warps, which wait for it themselves after FULL (V_WAIT_STATE)),
 // EMPTY[c % R] (the state warps arrive when done with chunk c; the aux waits before it reuses
 // chunk c's stages for chunk c + R), P (the state warpgroups' P and tail V rows are in place,
 // before the walk reads them). The aux's own barrier orders its phases.
@@ -53,21 +53,24 @@
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
 
-// Opt-in switches, off by default and not yet timed on a GPU (the emulator passes with each; time
-// them with scripts/gpu_check.sh's variants stage; docs/perf-notes.md, "O stored by TMA"):
-// - GDNKIT_FUSED_STAGE_O64: the one-warpgroup kernels stage O for a TMA store too (fused_state);
+// Switches, on by default since the variants run of docs/perf-notes.md ("O staged in every
+// kernel; V waited for by the state warps"); 0 builds the earlier form, for A/B runs with
+// scripts/gpu_check.sh's variants stage:
+// - GDNKIT_FUSED_STAGE_O64: the one-warpgroup kernels (64-column pairs) stage O for a TMA store
+//   too (fused_state);
 // - GDNKIT_FUSED_STAGE_O_WALKS: so do the walk-list kernels' value CTAs;
 // - GDNKIT_FUSED_V_WAIT_STATE: the state warps wait for each chunk's V themselves after FULL, so
 //   that the aux's FULL arrival, and with it its next records, no longer waits for V's copy (which
 //   state thread 0 issues only once the previous step has begun).
+// Together: the pairs 5-8% faster, the splits 1-3%, the unpaired 128-column kernel level.
 #ifndef GDNKIT_FUSED_STAGE_O64
-#define GDNKIT_FUSED_STAGE_O64 0
+#define GDNKIT_FUSED_STAGE_O64 1
 #endif
 #ifndef GDNKIT_FUSED_STAGE_O_WALKS
-#define GDNKIT_FUSED_STAGE_O_WALKS 0
+#define GDNKIT_FUSED_STAGE_O_WALKS 1
 #endif
 #ifndef GDNKIT_FUSED_V_WAIT_STATE
-#define GDNKIT_FUSED_V_WAIT_STATE 0
+#define GDNKIT_FUSED_V_WAIT_STATE 1
 #endif
 
 namespace gdnkit::cuda {
@@ -840,16 +843,15 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   float st[DK / 8][4];
   constexpr int R = F::kRecStages;
   int j = 0;
-  // O of a full chunk goes out by TMA (the unsplit 128-column kernel): every warp stages its columns
-  // in the chunk's V stage, which only its own make_x read and nothing rewrites before chunk j + 2's
-  // V copy; state thread 0 stores the stage after the next FULL barrier (every warp's stmatrix done),
-  // and waits for the store's reads before that copy (5-6% off the 128-column rows; without the
-  // stores at all the step was ~13% shorter: docs/perf-notes.md, "O stored by TMA").
-  // The one-warpgroup kernels (64-column pairs) keep direct stores: staged as above, with V's copy
-  // moved after the store, they ran 2.5-4.5% slower. GDNKIT_FUSED_STAGE_O64 builds stage there in
-  // another form: the warps meet at a barrier of their own after staging, thread 0 stores at once,
-  // and V's copy stays right after FULL. GDNKIT_FUSED_STAGE_O_WALKS builds stage the walk-list
-  // kernels' value CTAs (a map CTA's map_o is in fragment order, which a TMA box does not write).
+  // O of a full chunk goes out by TMA: every warp stages its columns in the chunk's V stage, which
+  // only its own make_x read and nothing rewrites before chunk j + 2's V copy (without the stores
+  // at all the step was ~13% shorter: docs/perf-notes.md, "O stored by TMA"). With two state
+  // warpgroups, state thread 0 stores the stage after the next FULL barrier (every warp's stmatrix
+  // done) and waits for the store's reads before that copy. With one (64-column pairs, whose aux
+  // sets the step), the warps meet at a barrier of their own after staging and thread 0 stores at
+  // once, so that V's copy stays right after FULL (moved after the store, it made the pairs 2.5-4.5%
+  // slower). A map CTA's map_o is in fragment order, which a TMA box does not write: direct stores,
+  // as for tails (GDNKIT_FUSED_STAGE_O64 / _O_WALKS = 0 keep them in those kernels too).
   constexpr bool kStageO =
       (!F::kWalks || GDNKIT_FUSED_STAGE_O_WALKS) && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
   constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
