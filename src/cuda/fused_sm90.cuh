@@ -844,8 +844,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   constexpr int R = F::kRecStages;
   int j = 0;
   // O of a full chunk goes out by TMA: every warp stages its columns in the chunk's V stage, which
-  // only its own make_x read and nothing rewrites before chunk j + 2's V copy (without the stores
-  // at all the step was ~13% shorter: docs/perf-notes.md, "O stored by TMA"). With two state
+  // only its own make_x read and nothing rewrites before chunk j + 2's V copy (stored directly, O
+  // cost ~8% of the step; staged, 1-2%: docs/perf-notes.md, "O stored by TMA"). With two state
   // warpgroups, state thread 0 stores the stage after the next FULL barrier (every warp's stmatrix
   // done) and waits for the store's reads before that copy. With one (64-column pairs, whose aux
   // sets the step), the warps meet at a barrier of their own after staging and thread 0 stores at

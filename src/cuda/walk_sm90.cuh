@@ -28,7 +28,8 @@
 #pragma once
 
 // A measurement aid (results are wrong with it): GDNKIT_WALK_PROBE_OUT skips the step's output side,
-// bit 0 Q S, bit 1 P Vn, bit 2 the O stores (walk_kernel.cuh), to bound what it costs the step.
+// bit 0 Q S, bit 1 P Vn, bit 2 the O stores (walk_kernel.cuh), to bound what it costs the step. With
+// bit 2 ptxas also drops Q S and P Vn, whose results then feed nothing (docs/perf-notes.md).
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
 #endif
