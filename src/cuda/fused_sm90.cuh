@@ -26,14 +26,14 @@
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
-// (a full chunk's V stage then holds its O for a TMA store), the
-// record (and its gates) in R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with
-// GDNKIT_FUSED_REC_STAGES=2), P in one buffer (in the record stages with kAuxP); mbarriers track
-// the copies. Named barriers: FULL[c % R] (aux arrives when chunk c's K, Q, V, gates and record are
-// in place, V left to the state warps, which wait for it themselves after FULL (V_WAIT_STATE)),
-// EMPTY[c % R] (the state warps arrive when done with chunk c; the aux waits before it reuses
-// chunk c's stages for chunk c + R), P (the state warpgroups' P and tail V rows are in place,
-// before the walk reads them). The aux's own barrier orders its phases.
+// (a full chunk's V stage then holds its O for a TMA store), the record (and its gates) in
+// R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2), P in
+// one buffer (in the record stages with kAuxP); mbarriers track the copies. Named barriers:
+// FULL[c % R] (aux arrives when chunk c's K, Q, gates and record are in place; V's mbarrier the
+// state warps wait for themselves after FULL, GDNKIT_FUSED_V_WAIT_STATE), EMPTY[c % R] (the state
+// warps arrive when done with chunk c; the aux waits before it reuses chunk c's stages for chunk
+// c + R), P (the state warpgroups' P and tail V rows are in place, before the walk reads them).
+// The aux's own barrier orders its phases.
 // The two 64-column CTAs of a walk, and the value and map CTA of a split's segment at 128 columns,
 // run as a cluster and share the records (fused_paired).
 //
