@@ -157,6 +157,7 @@ if has ab; then
       "$bin" --reps 10 --only "$rows" $kernels ${AB_ARGS:-} 2>&1 | grep -v '^#'
     done
   done | tee "$OUT/ab.txt"
+  $PY bench/ab_table.py "$OUT/ab.txt" --build "$(basename "$BUILD")" | tee "$OUT/ab-table.txt"
 fi
 
 if has variants; then
@@ -188,7 +189,8 @@ if has variants; then
       "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'
     done
   done | tee "$OUT/variants.txt"
-  note "variants: ${VARIANTS:-none} (times in $OUT/variants.txt)"
+  $PY bench/ab_table.py "$OUT/variants.txt" --build "$(basename "$BUILD")" | tee "$OUT/variants-table.txt"
+  note "variants: ${VARIANTS:-none} (times in $OUT/variants.txt, the table in variants-table.txt)"
 fi
 
 if has bench; then

@@ -1,0 +1,51 @@
+"""bench/ab_table.py: the table of an A/B or variants run (no GPU needed)."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOL = os.path.join(HERE, "..", "..", "bench", "ab_table.py")
+
+RUN = """== build-gpu/bench_gdnkit (round 1)
+row                                      tokens  device_ms    host_us kernel
+fixed-b1-t16384                           16384     0.8000       5.33 cuda-fused-sm90-bf16-k128-v64
+fixed-b2-t512                              1024     0.0500       5.71 cuda-fused-sm90-bf16-k128
+== build-gpu/variant-s64/bench_gdnkit (round 1)
+row                                      tokens  device_ms    host_us kernel
+fixed-b1-t16384                           16384     0.7000       5.18 cuda-fused-sm90-bf16-k128-v64
+fixed-b2-t512                              1024     0.0550       5.54 cuda-fused-sm90-bf16-k128
+== build-gpu/bench_gdnkit (round 2)
+row                                      tokens  device_ms    host_us kernel
+fixed-b1-t16384                           16384     0.8200       5.33 cuda-fused-sm90-bf16-k128-v64
+fixed-b2-t512                              1024     0.0500       5.71 cuda-fused-sm90-bf16-k128
+== build-gpu/variant-s64/bench_gdnkit (round 2)
+row                                      tokens  device_ms    host_us kernel
+fixed-b1-t16384                           16384     0.7100       5.18 cuda-fused-sm90-bf16-k128-v64
+"""
+
+
+def table(tmp_path, *args):
+    f = tmp_path / "variants.txt"
+    f.write_text(RUN)
+    return subprocess.run([sys.executable, TOOL, str(f), *args], capture_output=True, text=True)
+
+
+def test_changes_against_the_default_build(tmp_path):
+    r = table(tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[-2:] == ["this", "s64"]
+    row = {l.split()[0]: l for l in lines[1:]}
+    # (0.70 + 0.71) / 2 against (0.80 + 0.82) / 2: -13.0%
+    assert "0.8000/0.8200" in row["fixed-b1-t16384"] and "0.7000/0.7100 -13.0%" in row["fixed-b1-t16384"]
+    # a side missing from a round is averaged over the rounds it has: 0.055 against 0.05
+    assert "0.0550 +10.0%" in row["fixed-b2-t512"]
+
+
+def test_another_reference_and_a_bad_one(tmp_path):
+    r = table(tmp_path, "--ref", "s64")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split()[-2:] == ["s64", "this"]
+    assert "+14.9%" in r.stdout  # 0.81 against 0.705
+    bad = table(tmp_path, "--ref", "nope")
+    assert bad.returncode != 0 and "--ref nope" in bad.stderr and "this, s64" in bad.stderr
