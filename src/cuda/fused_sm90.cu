@@ -77,15 +77,10 @@ unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
 
 // The unsplit 64-column kernel has a second instantiation for CTAs launched in pairs, whose aux
 // forms P (FusedSm90::kAuxP); a launch takes it where it forms clusters. Both take the larger of
-// their shared memory sizes (one CTA per SM either way). GDNKIT_FUSED_AUX_P=0 builds pairs whose
-// state warpgroups form P, as the walk-list kernels' do (for A/B runs: with the pairs' record side
-// now setting their step, docs/perf-notes.md, "What the bound measured").
-#ifndef GDNKIT_FUSED_AUX_P
-#define GDNKIT_FUSED_AUX_P 1
-#endif
+// their shared memory sizes (one CTA per SM either way).
 template <int DVB, bool kWalks>
 constexpr bool has_aux_p() {
-  return GDNKIT_FUSED_AUX_P && DVB == 64 && !kWalks;
+  return DVB == 64 && !kWalks;
 }
 template <typename T, int DK, int DVB, bool kWalks>
 const void* fused_func(bool paired) {

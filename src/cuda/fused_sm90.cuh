@@ -72,6 +72,14 @@
 #ifndef GDNKIT_FUSED_V_WAIT_STATE
 #define GDNKIT_FUSED_V_WAIT_STATE 1
 #endif
+// GDNKIT_FUSED_FIRST_COPIES (A/B, 0 = off): at the start, the aux copies chunk 0's K and Q (1: and
+// its V; 2: alone) first and the other first chunks' K, Q and V once those have landed, so that
+// every CTA's first record does not wait for the whole launch's first burst of copies. One run
+// (docs/perf-notes.md, "The short rows"): 2-5% off the 8-chunk rows, the longer rows and the splits
+// level to 2.6% slower within that run's noise; off until a second run decides.
+#ifndef GDNKIT_FUSED_FIRST_COPIES
+#define GDNKIT_FUSED_FIRST_COPIES 0
+#endif
 
 namespace gdnkit::cuda {
 
@@ -663,18 +671,30 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const FusedCopier<F> copy{fp, smem};
 
   constexpr int R = F::kRecStages;
+  constexpr int kFirstCopies = GDNKIT_FUSED_FIRST_COPIES;
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = chunks.first();
   if (chunks.valid(cur)) {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
     if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 takes over)
       ChunkPos c = cur;
-      for (int k = 0; k < 3 && chunks.valid(c); ++k, c = chunks.next(c)) {
+      for (int k = 0; k < (kFirstCopies ? 1 : 3) && chunks.valid(c); ++k, c = chunks.next(c)) {
         copy.kq(c.c0, k);
-        if (k < 2) copy.v(c.c0, k);
+        if (k < 2 && kFirstCopies != 2) copy.v(c.c0, k);
       }
     }
 #endif
+    // With GDNKIT_FUSED_FIRST_COPIES, the rest of them once chunk 0's K and Q have landed (below).
+    const auto later_copies = [&] {
+      if (tid != 0) return;
+      ChunkPos c = cur;
+      if (kFirstCopies == 2) copy.v(c.c0, 0);
+      c = chunks.next(c);
+      for (int k = 1; k < 3 && chunks.valid(c); ++k, c = chunks.next(c)) {
+        copy.kq(c.c0, k);
+        if (k < 2) copy.v(c.c0, k);
+      }
+    };
     // The next chunk's gate or beta stays a loaded word until its record (load_gate_beta_bits):
     // the load is in flight during this record.
     std::uint32_t gb_cur = load_gate_beta_bits(p, cur.c0, cur.nrows(), h, tid);
@@ -700,6 +720,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       probe.mark();
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
+      if (kFirstCopies && j == 0) later_copies();
 #endif
       if (nrows < C) {
         zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, C, tid);
