@@ -7,7 +7,7 @@
 // back-to-back launches after warm-up, rotating over enough input copies to exceed the L2 cache,
 // median of repeats. Host time: wall time of one Plan::run call (enqueue only), median.
 //
-//   bench_gdnkit --rows bench/rows.json [--only NAME,...] [--json]
+//   bench_gdnkit --rows bench/rows.json [--only NAME,...] [--sets N] [--json]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -109,7 +109,7 @@ struct InputSet {
 int main(int argc, char** argv) {
   std::string rows_path = "bench/rows.json", only, kernels, segments;
   bool json = false, hint = true, gate_linear = false, beta_bf16 = false;
-  int reps = 20;
+  int reps = 20, force_sets = 0;
   float cutoff = 0.0f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -119,16 +119,20 @@ int main(int argc, char** argv) {
     else if (a == "--kernels" && i + 1 < argc) kernels = argv[++i];
     else if (a == "--segments" && i + 1 < argc) segments = argv[++i];
     else if (a == "--split-decay-cutoff" && i + 1 < argc) cutoff = std::strtof(argv[++i], nullptr);
+    else if (a == "--sets" && i + 1 < argc) force_sets = std::atoi(argv[++i]);
     else if (a == "--json") json = true;
     else if (a == "--no-hint") hint = false;
     else if (a == "--gate-linear") gate_linear = true;
     else if (a == "--beta-bf16") beta_bf16 = true;
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--no-hint] [--gate-linear] [--beta-bf16] [--json]\n"
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--sets N] [--no-hint] [--gate-linear] [--beta-bf16] [--json]\n"
                            "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
                            "             planner's choice, side by side; rows a kernel cannot run are skipped\n"
                            "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n"
                            "  --split-decay-cutoff: Options::split_decay_cutoff of every plan (0: exact)\n"
+                           "  --sets N: rotate over N input copies (1: the same inputs every launch, L2-warm where\n"
+                           "            they fit; PEERS.md names no rotation for its flashinfer numbers); default:\n"
+                           "            enough copies to exceed three times the L2 cache, at most 8\n"
                            "  --no-hint: plan without Problem::max_seq_len (the packed lengths unknown to the host)\n"
                            "  --gate-linear: gates passed as alpha (GateSpace::linear) instead of log(alpha)\n"
                            "  --beta-bf16: beta stored as bf16 instead of f32\n");
@@ -203,7 +207,8 @@ int main(int argc, char** argv) {
 
     const long long nq = T * row.hq * row.dk, nk = T * row.hk * row.dk, nv = T * row.hv * row.dv, no = T * H * row.dv;
     const long long set_bytes = 2 * (nq + nk + nv + no) + 8 * T * H;
-    const int nsets = static_cast<int>(std::clamp<long long>((3 * l2_bytes + set_bytes - 1) / set_bytes, 1, 8));
+    const int nsets = force_sets > 0 ? force_sets
+                                     : static_cast<int>(std::clamp<long long>((3 * l2_bytes + set_bytes - 1) / set_bytes, 1, 8));
     std::vector<InputSet> sets(nsets);
     for (int s = 0; s < nsets; ++s) {
       InputSet& x = sets[s];
