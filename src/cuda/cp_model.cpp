@@ -63,11 +63,11 @@ bool fused64_pays(const detail::Shape& s, int sms, int split_warps) {
 }
 
 int fused_columns(const detail::Shape& s, int sms, int split_warps) {
-  constexpr std::int64_t kMaxShortMean = 32;  // tokens per sequence (mean) left to the other paths at 128 columns
+  constexpr std::int64_t kMaxShortMean = 32;  // tokens per sequence (mean) left to the short walk and the split path
   if (s.dv != 128) return 0;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1), walks = s.H * n, tokens_per_seq = s.T / n;
-  if (2 * walks >= sms) return s.T > kMaxShortMean * n ? 128 : 0;
-  if (tokens_per_seq < 2 * kChunkTokens) return 0;
+  if (s.T <= kMaxShortMean * n) return 0;
+  if (2 * walks >= sms || tokens_per_seq <= kChunkTokens) return 128;
   return tokens_per_seq <= 16 * kChunkTokens || split_warps == 0 || fused64_pays(s, sms, split_warps) ? 64 : 0;
 }
 

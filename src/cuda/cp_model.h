@@ -40,13 +40,18 @@ bool fused64_pays(const detail::Shape& s, int sms, int split_warps);
 // the device, the build and the size limits), on a device of `sms` SMs, split_warps as above (0:
 // no split path to compare with). Measured on an H200 (docs/perf-notes.md, "Fused kernel, second
 // version" and "The fused kernel on short sequences"):
-//   - 128 where the walks (sequence, head) fill at least half the SMs and sequences average more
-//     than 32 tokens: against the split path 10-15% faster from 410 tokens, 16-23% at 48 and 64
-//     (256 sequences, 64 heads), level at 32, 10% slower at 24 (the short walk is faster there);
-//   - 64 (CTA pairs sharing their records) for fewer walks of 2 to 16 chunks on average, or longer
-//     ones where fused64_pays: 11-12% faster than the split path on single sequences of 4K-32K
-//     tokens at 64 heads; at 32 heads the split path, with twice the CTAs, is faster by the model;
-//   - 0 at dv != 128 (not measured) and for fewer walks under two chunks (not measured).
+//   - 0 where sequences average at most 32 tokens (the short walk or the split path), and at
+//     dv != 128 (not measured);
+//   - 128 where the walks (sequence, head) fill at least half the SMs: against the split path
+//     10-15% faster from 410 tokens, 16-23% at 48 and 64 (256 sequences, 64 heads), level at 32,
+//     10% slower at 24 (the short walk is faster there); and for fewer walks of one chunk on
+//     average: one 64-token sequence 9.2-9.4 us against the split path's 13.8 (1 head) and 15.9
+//     (64 heads), and the 64-column CTAs' 9.9 and 10.8;
+//   - 64 (CTA pairs sharing their records) for fewer walks of more than one and up to 16 chunks
+//     on average (one 128-token sequence 11.8 and 13.3 us, under the split path's time for half
+//     of it), or longer ones where fused64_pays: 11-12% faster than the split path on single
+//     sequences of 4K-32K tokens at 64 heads; at 32 heads the split path, with twice the CTAs, is
+//     faster by the model.
 int fused_columns(const detail::Shape& s, int sms, int split_warps);
 
 // Estimated device time (us) of a split into segments of seg_chunks chunks, stage 1 on dvb-column

@@ -210,9 +210,16 @@ TEST(CpModel, FusedColumns) {
   EXPECT_EQ(fused_columns(gdnkit::test::mha_shape(64, 256, 256 * 32 + 1), kH200Sms, 8), 128);  // mean 32.004
   EXPECT_EQ(fused_columns(shape(64, 2, 16384), kH200Sms, 8), 128);
   EXPECT_EQ(fused_columns(shape(1, 66, 100), kH200Sms, 1), 128);  // 66 walks: half the SMs
-  // Few walks: 64 columns from two chunks up to 16, beyond by the model; none under two chunks.
-  EXPECT_EQ(fused_columns(shape(1, 65, 100), kH200Sms, 1), 0);
-  EXPECT_EQ(fused_columns(shape(8, 1, 127), kH200Sms, 1), 0);
+  // Few walks: none at a mean of 32 tokens or less; 128 columns up to one chunk on average; 64 from
+  // more than one up to 16 chunks, beyond by the model.
+  EXPECT_EQ(fused_columns(shape(8, 1, 32), kH200Sms, 1), 0);
+  EXPECT_EQ(fused_columns(shape(1, 65, 32), kH200Sms, 1), 0);
+  EXPECT_EQ(fused_columns(shape(8, 1, 33), kH200Sms, 1), 128);
+  EXPECT_EQ(fused_columns(shape(1, 1, 64), kH200Sms, 1), 128);
+  EXPECT_EQ(fused_columns(shape(64, 1, 64), kH200Sms, 4), 128);
+  EXPECT_EQ(fused_columns(shape(8, 1, 65), kH200Sms, 1), 64);
+  EXPECT_EQ(fused_columns(shape(1, 65, 100), kH200Sms, 1), 64);
+  EXPECT_EQ(fused_columns(shape(8, 1, 127), kH200Sms, 1), 64);
   EXPECT_EQ(fused_columns(shape(8, 1, 128), kH200Sms, 1), 64);
   EXPECT_EQ(fused_columns(shape(8, 1, 1024), kH200Sms, 1), 64);
   EXPECT_EQ(fused_columns(shape(8, 1, 32768), kH200Sms, 1), 0);  // fused64_pays: no (above)

@@ -439,13 +439,12 @@ TEST_F(Cuda, WalkCtaSizes) {
   int i = 0;
   for (DType dt : {DType::bf16, DType::f16})
     for (int dk : {64, 128})
-      for (int seqs : {1, (sms + 3) / 4, (sms + 1) / 2, sms}) {
+      for (int seqs : {2, (sms + 3) / 4, (sms + 1) / 2, sms}) {
         Spec s;
         s.Hq = s.Hk = s.Hv = 1;
         s.lens.clear();
         // Lengths of 0 to 62 tokens, the longest over 32 (not the short walk's) and the mean at
-        // most 32 where the walks are many (not the fused kernel's; one sequence of 33 tokens is too
-        // few walks for its 128-column CTAs and too short for its 64-column ones).
+        // most 32 (not the fused kernel's): the smallest batch is two sequences, 33 and 14 tokens.
         for (int n = 0; n < seqs; ++n)
           s.lens.push_back(n % 7 == 3 ? 0 : n % 2 == 0 ? 33 + (n * 53) % 30 : 1 + (n * 13) % 8);
         s.dk = dk;
@@ -929,12 +928,13 @@ TEST_F(Cuda, PlanReportsKernel) {
         const bool fused = name.rfind("cuda-fused-sm90-", 0) == 0;
         EXPECT_TRUE(wgmma || fused || name.rfind("cuda-split-mma-", 0) == 0) << name;
         if (wgmma || fused) EXPECT_TRUE(major == 9 && minor == 0) << name;
-        // 100 tokens per sequence: the fused kernel's 128-column blocks where its 2,000 walks fill
-        // the SMs (more than 32 tokens per sequence on average), not for one sequence (its 64-column
-        // blocks want two chunks).
+        // 100 tokens per sequence (more than 32 on average): the fused kernel at dv 128, in
+        // 128-column blocks where its 2,000 walks fill the SMs, in 64-column ones (CTA pairs) for
+        // one sequence of two chunks.
         const bool fused_expected =
-            seqs == 1000 && d == 128 && major == 9 && minor == 0 && cuda::find_fused_kernel(dt, 128, 128) != nullptr;
+            d == 128 && major == 9 && minor == 0 && cuda::find_fused_kernel(dt, 128, 128) != nullptr;
         EXPECT_EQ(fused, fused_expected) << name;
+        if (fused_expected) EXPECT_EQ(name.substr(name.size() - 4) == "-v64", seqs == 1) << name;
         const bool v64 = name.size() > 4 && name.substr(name.size() - 4) == "-v64";
         const cuda::SplitKernel* k = fused ? cuda::find_fused_kernel(dt, d, v64 ? 64 : 128) : nullptr;
         for (int w : {1, 2, 4, 8})
@@ -959,8 +959,8 @@ TEST_F(Cuda, PlanReportsKernel) {
                     plan.workspace_bytes());
       }
   // Where the planner takes the fused kernel (backend.cu, choose_fused), on an H100/H200 built with
-  // it: 128-column blocks when the walks fill half the SMs, 64-column ones for a few short
-  // sequences and for long ones with heads near half the SMs (pairs of CTAs sharing records), the
+  // it: 128-column blocks when the walks fill half the SMs or average one chunk, 64-column ones for
+  // a few short sequences and for long ones with heads near half the SMs (pairs of CTAs sharing records), the
   // split path for long ones with few heads and at dv = 64, the short walk for sequences of a few
   // tokens (short_walk_takes).
   if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
@@ -973,6 +973,8 @@ TEST_F(Cuda, PlanReportsKernel) {
     for (const Expect& e : {Expect{sms, 1, 4096, 128, "cuda-fused-sm90-bf16-k128"},
                             Expect{4, 64, 64 * 300, 128, "cuda-fused-sm90-bf16-k128"},
                             Expect{8, 1, 512, 128, "cuda-fused-sm90-bf16-k128-v64"},
+                            Expect{8, 1, 64, 128, "cuda-fused-sm90-bf16-k128"},
+                            Expect{8, 1, 100, 128, "cuda-fused-sm90-bf16-k128-v64"},
                             Expect{8, 1, 8192, 128, nullptr}, Expect{4, 64, 64 * 300, 64, nullptr},
                             Expect{(sms - 4) / 2, 1, 16384, 128, "cuda-fused-sm90-bf16-k128-v64"},
                             Expect{sms, 100, 100 * 40, 128, "cuda-fused-sm90-bf16-k128"},
