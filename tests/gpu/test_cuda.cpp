@@ -444,7 +444,7 @@ TEST_F(Cuda, WalkCtaSizes) {
         s.Hq = s.Hk = s.Hv = 1;
         s.lens.clear();
         // Lengths of 0 to 62 tokens, the longest over 32 (not the short walk's) and the mean at
-        // most 32 (not the fused kernel's): the smallest batch is two sequences, 33 and 14 tokens.
+        // most 32 (not the fused kernel's): the smallest batch is two sequences, 33 and 6 tokens.
         for (int n = 0; n < seqs; ++n)
           s.lens.push_back(n % 7 == 3 ? 0 : n % 2 == 0 ? 33 + (n * 53) % 30 : 1 + (n * 13) % 8);
         s.dk = dk;
@@ -934,8 +934,8 @@ TEST_F(Cuda, PlanReportsKernel) {
         const bool fused_expected =
             d == 128 && major == 9 && minor == 0 && cuda::find_fused_kernel(dt, 128, 128) != nullptr;
         EXPECT_EQ(fused, fused_expected) << name;
-        if (fused_expected) EXPECT_EQ(name.substr(name.size() - 4) == "-v64", seqs == 1) << name;
         const bool v64 = name.size() > 4 && name.substr(name.size() - 4) == "-v64";
+        if (fused_expected) EXPECT_EQ(v64, seqs == 1) << name;
         const cuda::SplitKernel* k = fused ? cuda::find_fused_kernel(dt, d, v64 ? 64 : 128) : nullptr;
         for (int w : {1, 2, 4, 8})
           if (!fused && name.size() > 3 && name.substr(name.size() - 3) == "-w" + std::to_string(w))
