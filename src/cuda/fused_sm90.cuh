@@ -72,13 +72,14 @@
 #ifndef GDNKIT_FUSED_V_WAIT_STATE
 #define GDNKIT_FUSED_V_WAIT_STATE 1
 #endif
-// GDNKIT_FUSED_FIRST_COPIES (A/B, 0 = off): at the start, the aux copies chunk 0's K and Q (1: and
-// its V; 2: alone) first and the other first chunks' K, Q and V once those have landed, so that
-// every CTA's first record does not wait for the whole launch's first burst of copies. One run
-// (docs/perf-notes.md, "The short rows"): 2-5% off the 8-chunk rows, the longer rows and the splits
-// level to 2.6% slower within that run's noise; off until a second run decides.
+// GDNKIT_FUSED_FIRST_COPIES: the order of the first copies. 0: the aux copies K, Q of chunks 0-2
+// and V of chunks 0-1 at once. 2 (default): the aux copies chunk 0's K and Q alone, and state
+// thread 0 the rest once they have landed (fused_later_first_copies), so that a CTA's first
+// record does not wait for the whole launch's first burst of copies; the walk-list kernels keep 0.
+// Against 0 (docs/perf-notes.md, "The first copies by the state"): 3-7% off the 8-chunk rows,
+// 2-4% off the 16-chunk ones, the longer rows level within the run's noise.
 #ifndef GDNKIT_FUSED_FIRST_COPIES
-#define GDNKIT_FUSED_FIRST_COPIES 0
+#define GDNKIT_FUSED_FIRST_COPIES 2
 #endif
 
 namespace gdnkit::cuda {
@@ -123,6 +124,9 @@ struct FusedSm90 {
 #ifndef GDNKIT_FUSED_REC_STAGES
 #define GDNKIT_FUSED_REC_STAGES 3
 #endif
+  // The aux copies chunk 0's K and Q alone first (GDNKIT_FUSED_FIRST_COPIES).
+  static constexpr bool kKqFirst = GDNKIT_FUSED_FIRST_COPIES == 2 && !kWalks;
+  static_assert(GDNKIT_FUSED_FIRST_COPIES == 0 || GDNKIT_FUSED_FIRST_COPIES == 2, "first copies: 0 or 2");
   static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
   static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
   // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
@@ -671,30 +675,18 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const FusedCopier<F> copy{fp, smem};
 
   constexpr int R = F::kRecStages;
-  constexpr int kFirstCopies = GDNKIT_FUSED_FIRST_COPIES;
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = chunks.first();
   if (chunks.valid(cur)) {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
     if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 takes over)
-      ChunkPos c = cur;
-      for (int k = 0; k < (kFirstCopies ? 1 : 3) && chunks.valid(c); ++k, c = chunks.next(c)) {
+      ChunkPos c = cur;  // (with F::kKqFirst, chunk 0's K and Q: fused_later_first_copies)
+      for (int k = 0; k < (F::kKqFirst ? 1 : 3) && chunks.valid(c); ++k, c = chunks.next(c)) {
         copy.kq(c.c0, k);
-        if (k < 2 && kFirstCopies != 2) copy.v(c.c0, k);
+        if (k < 2 && !F::kKqFirst) copy.v(c.c0, k);
       }
     }
 #endif
-    // With GDNKIT_FUSED_FIRST_COPIES, the rest of them once chunk 0's K and Q have landed (below).
-    const auto later_copies = [&] {
-      if (tid != 0) return;
-      ChunkPos c = cur;
-      if (kFirstCopies == 2) copy.v(c.c0, 0);
-      c = chunks.next(c);
-      for (int k = 1; k < 3 && chunks.valid(c); ++k, c = chunks.next(c)) {
-        copy.kq(c.c0, k);
-        if (k < 2) copy.v(c.c0, k);
-      }
-    };
     // The next chunk's gate or beta stays a loaded word until its record (load_gate_beta_bits):
     // the load is in flight during this record.
     std::uint32_t gb_cur = load_gate_beta_bits(p, cur.c0, cur.nrows(), h, tid);
@@ -720,7 +712,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       probe.mark();
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
-      if (kFirstCopies && j == 0) later_copies();
 #endif
       if (nrows < C) {
         zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, C, tid);
@@ -835,6 +826,25 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
             pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
       }
     }
+  }
+}
+
+// With F::kKqFirst, the first copies after chunk 0's K and Q (the aux's): V of chunk 0, then K, Q
+// of chunks 1-2 and V of chunk 1, once chunk 0's K and Q have landed. By state thread 0 before its
+// walk, which waits for the first record anyway (from the aux's loop they cost the long rows 1-2%,
+// the loop's code changed; inside fused_state, the 128-column kernels spilled).
+template <class F>
+__device__ __forceinline__ void fused_later_first_copies(const FusedParams& fp, unsigned char* smem, const int* order) {
+  const ChunkCursor<F::kWalks> chunks{fp.p, order};
+  const FusedCopier<F> copy{fp, smem};
+  ChunkPos c = chunks.first();
+  if (!chunks.valid(c)) return;
+  mbar_wait(F::kq_bar(smem, 0), 0);
+  copy.v(c.c0, 0);
+  c = chunks.next(c);
+  for (int k = 1; k < 3 && chunks.valid(c); ++k, c = chunks.next(c)) {
+    copy.kq(c.c0, k);
+    if (k < 2) copy.v(c.c0, k);
   }
 }
 
@@ -1111,6 +1121,10 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
     fused_aux<F>(fp, smem, order, tid);
   } else {
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+    if constexpr (F::kKqFirst)
+      if (tid == 128) fused_later_first_copies<F>(fp, smem, order);
+#endif
     if constexpr (F::kStateWarpgroups == 2) regs_up<F::kStateRegs>();
     fused_state<F>(fp, smem, order, tid - 128);
   }
