@@ -119,7 +119,13 @@ int main(int argc, char** argv) {
     else if (a == "--kernels" && i + 1 < argc) kernels = argv[++i];
     else if (a == "--segments" && i + 1 < argc) segments = argv[++i];
     else if (a == "--split-decay-cutoff" && i + 1 < argc) cutoff = std::strtof(argv[++i], nullptr);
-    else if (a == "--sets" && i + 1 < argc) force_sets = std::atoi(argv[++i]);
+    else if (a == "--sets" && i + 1 < argc) {
+      force_sets = std::atoi(argv[++i]);
+      if (force_sets < 1) {
+        std::fprintf(stderr, "bench_gdnkit: --sets expects a count of input copies >= 1, got '%s'\n", argv[i]);
+        return 2;
+      }
+    }
     else if (a == "--json") json = true;
     else if (a == "--no-hint") hint = false;
     else if (a == "--gate-linear") gate_linear = true;

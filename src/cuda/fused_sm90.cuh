@@ -830,9 +830,10 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
 }
 
 // With F::kKqFirst, the first copies after chunk 0's K and Q (the aux's): V of chunk 0, then K, Q
-// of chunks 1-2 and V of chunk 1, once chunk 0's K and Q have landed. By state thread 0 before its
-// walk, which waits for the first record anyway (from the aux's loop they cost the long rows 1-2%,
-// the loop's code changed; inside fused_state, the 128-column kernels spilled).
+// of chunks 1-2 and V of chunk 1, once chunk 0's K and Q have landed. By state thread 0 in fused_cta,
+// before its setmaxnreg and walk (which waits for the first record anyway): from the aux's loop
+// they cost the long rows 1-2% (the loop's code changed); inside fused_state the 128-column
+// kernels spilled.
 template <class F>
 __device__ __forceinline__ void fused_later_first_copies(const FusedParams& fp, unsigned char* smem, const int* order) {
   const ChunkCursor<F::kWalks> chunks{fp.p, order};
