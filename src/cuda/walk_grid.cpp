@@ -10,11 +10,15 @@ namespace gdnkit::cuda {
 WalkGrid walk_grid(const detail::Shape& s, int cols, bool packed, bool fused, int sms, int ctas_per_sm) {
   WalkGrid g;
   // blockIdx.z strides over sequences. Short sequences (under four chunks on average) are walked
-  // several per CTA, about two CTAs per SM slot in all, so that one sequence's copies overlap the
-  // previous one's products; longer ones get a CTA each and the hardware balances them.
+  // several per CTA; longer ones get a CTA each and the hardware balances them. The split path's
+  // walk takes about two CTAs per SM slot in all, so that one sequence's copies overlap the
+  // previous one's products. The fused kernel pipelines across its sequences itself and holds an
+  // SM per CTA: one wave (more CTAs leave a last partial wave of CTAs as long as the others: 2.4
+  // waves for 64 heads, 20% slower on an H200; docs/perf-notes.md).
   const std::int64_t xy = (s.dv / cols) * s.H, slots = static_cast<std::int64_t>(sms) * std::max(ctas_per_sm, 1);
   g.z = std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), 65535);
-  if (s.T < 4 * kChunk * s.N) g.z = std::min<std::int64_t>(g.z, std::max<std::int64_t>(1, (2 * slots + xy - 1) / xy));
+  if (s.T < 4 * kChunk * s.N)
+    g.z = std::min<std::int64_t>(g.z, std::max<std::int64_t>(1, fused ? slots / xy : (2 * slots + xy - 1) / xy));
   // A CTA per sequence: start the longest walks first, so that the short ones fill in at the end
   // (packed batches of uneven lengths; the ranking costs each CTA a pass over N lengths).
   const bool ranked = packed && s.N >= 3 && s.N <= kLongestFirstMaxSeqs;

@@ -45,8 +45,13 @@ TEST(WalkGrid, FusedKeepsACtaPerSequenceWhereAWaveHoldsThem) {
   expect_grid(walk_grid(shape(64, 2, 32768), 128, true, true, kH200Sms, 1), 2, false, false);  // fixed-b2
   expect_grid(walk_grid(shape(64, 4, 32768), 128, false, true, kH200Sms, 1), 4, false, false);  // batched
   expect_grid(walk_grid(shape(64, 65, 65 * 1024), 128, true, true, kH200Sms, 1), 65, false, false);
-  // Under four chunks per sequence on average, too many to rank: strided over ~2 CTAs per SM.
-  expect_grid(walk_grid(shape(64, 256, 512), 128, true, true, kH200Sms, 1), 5, false, false);
+  // Under four chunks per sequence on average, too many to rank: strided over one wave (132 / 64
+  // CTAs per head), not over two CTAs per SM (five per head: 2.4 waves).
+  expect_grid(walk_grid(shape(64, 256, 25600), 128, true, true, kH200Sms, 1), 2, false, false);
+  expect_grid(walk_grid(shape(64, 600, 24000), 128, true, true, kH200Sms, 1), 2, false, false);
+  expect_grid(walk_grid(shape(8, 600, 24000), 128, true, true, kH200Sms, 1), 16, false, false);
+  expect_grid(walk_grid(shape(200, 600, 24000), 128, true, true, kH200Sms, 1), 1, false, false);  // xy > SMs
+  expect_grid(walk_grid(shape(32, 600, 24000), 64, true, true, kH200Sms, 1), 2, false, false);    // 64 columns
 }
 
 // The split path's walk (several CTAs per SM, no pipeline across sequences) is never dealt.

@@ -419,6 +419,18 @@ TEST(Emulated, FusedKernel) {
     s.seed = 1320 + static_cast<int>(z);
     check(s, kFused, z, true, true);
   }
+  {  // one CTA walks 140 sequences back to back (as the one-wave grid has CTAs do for batches of
+     // many short sequences, walk_grid.cpp)
+    Spec s;
+    for (int n = 0; n < 140; ++n) s.lens.push_back((n * 37) % 90);  // 0 to 89 tokens, empty ones among them
+    s.Hq = s.Hk = s.Hv = 1;
+    s.dk = 64;
+    s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.seed = 1395;
+    check(s, kFused, 1);
+  }
   {  // no tokens at all: the final states are the initial ones
     Spec s;
     s.lens = {0, 0};
