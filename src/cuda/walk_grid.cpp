@@ -14,7 +14,7 @@ WalkGrid walk_grid(const detail::Shape& s, int cols, bool packed, bool fused, in
   // walk takes about two CTAs per SM slot in all, so that one sequence's copies overlap the
   // previous one's products. The fused kernel pipelines across its sequences itself and holds an
   // SM per CTA: one wave (more CTAs leave a last partial wave of CTAs as long as the others: 2.4
-  // waves for 64 heads, 20% slower on an H200; docs/perf-notes.md).
+  // waves at 64 heads, 13-29% slower on an H200; docs/perf-notes.md).
   const std::int64_t xy = (s.dv / cols) * s.H, slots = static_cast<std::int64_t>(sms) * std::max(ctas_per_sm, 1);
   g.z = std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), 65535);
   if (s.T < 4 * kChunk * s.N)
