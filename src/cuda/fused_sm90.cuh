@@ -422,9 +422,15 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     *reinterpret_cast<uint4*>(Mh + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
     *reinterpret_cast<uint4*>(Ml + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
   };
+  // The beta of the lane's two columns of its warp's blocks (J = 0 for warps 0 and 1, J = 1 and 2
+  // for warps 2 and 3), loaded before the block rows: loaded at each block, the warp stalls on them
+  // there, in its chain of products (1-2% of the step). Not in the walk-list kernels, where the two
+  // registers cost spills.
+  constexpr bool kBetaFirst = !F::kWalks;
+  float2 bcol[2] = {};
   auto emit_block = [&](int I, int J, int nt, const float (&o)[4]) {
     const int c = 16 * J + 8 * nt + 2 * t;
-    const float2 bc = *reinterpret_cast<const float2*>(bs + c);
+    const float2 bc = kBetaFirst ? (J == 2 ? bcol[1] : bcol[0]) : *reinterpret_cast<const float2*>(bs + c);
     put_pair(16 * I + g, c, o[0] * bc.x, o[1] * bc.y);
     put_pair(16 * I + g + 8, c, o[2] * bc.x, o[3] * bc.y);
   };
@@ -433,6 +439,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
       [&] {
         named_sync(F::kBarAux, 128);
         probe.mark();
+        if (kBetaFirst) {
+          bcol[0] = *reinterpret_cast<const float2*>(bs + 16 * (warp >= 2) + 8 * (warp & 1) + 2 * t);
+          bcol[1] = *reinterpret_cast<const float2*>(bs + 32 + 8 * (warp & 1) + 2 * t);
+        }
         if (warp >= 2) {  // before the block rows, whose loads' latency hides these stores
           const int b0 = 2 * (warp - 2);
           if (b0 < nb) emit_diag(b0);

@@ -159,22 +159,51 @@ struct Tf32x3 {
   }
 };
 
-// d += A B for fp32 A (16 x 8 at a, ld lda) and B (8 x 8 at b, ld ldb).
-__device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const float* a, int lda, const float* b, int ldb, int g,
-                                               int t) {
-  const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
-  const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
+// A measurement aid (results are wrong with it), for timing the record's inverse apart:
+// GDNKIT_PROBE_INVERSE 1 keeps only the hi hi product, 2 skips the block rows left of the diagonal,
+// 3 the diagonal blocks' substitution as well, 5 loads no operands for the block rows,
+// 6 hands no block to emit_block.
+#ifndef GDNKIT_PROBE_INVERSE
+#define GDNKIT_PROBE_INVERSE 0
+#endif
+
+
+// The operands of one 16 x 8 x 8 product, as loaded: A (16 x 8 at pa, ld lda; 16-byte aligned
+// rows) and B (8 x 8 at pb, ld ldb) in mma.sync's fragment order (rows g, g + 8 and columns t, t + 4
+// of A; rows t, t + 4 and column g of B).
+struct Tf32Ops {
+  float a[4], b[2];
+  __device__ __forceinline__ void load(const float* pa, int lda, const float* pb, int ldb, int g, int t) {
+#if GDNKIT_PROBE_INVERSE == 5
+    (void)pa, (void)lda, (void)pb, (void)ldb;
+    a[0] = 1e-3f * g, a[1] = 2e-3f * g, a[2] = 1e-3f * t, a[3] = 2e-3f * t, b[0] = 3e-3f * g, b[1] = 3e-3f * t;
+#else
+    // A by one ldmatrix: its four 8 x 8 16-bit matrices are the fragment's 8 x 4 fp32 quarters (rows
+    // 0-7 and 8-15, columns 0-3 and 4-7), lane (g, t) receiving word t of row g of each.
+    const int lane = 4 * g + t, m = lane / 8;
+    std::uint32_t r[4];
+    ldsm_x4(r, pa + (8 * (m & 1) + lane % 8) * lda + 4 * (m >> 1));
+    a[0] = __uint_as_float(r[0]), a[1] = __uint_as_float(r[1]), a[2] = __uint_as_float(r[2]), a[3] = __uint_as_float(r[3]);
+    b[0] = pb[t * ldb + g], b[1] = pb[(t + 4) * ldb + g];
+#endif
+  }
+};
+
+// d += A B on operands already loaded.
+__device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const Tf32Ops& o) {
   std::uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    tf32_split(av[e], ah[e], al[e]);
+    tf32_split(o.a[e], ah[e], al[e]);
   }
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    tf32_split(bv[e], bh[e], bl[e]);
+    tf32_split(o.b[e], bh[e], bl[e]);
   }
+#if GDNKIT_PROBE_INVERSE != 1
   mma1688_tf32(d.lohi, al, bh[0], bh[1]);
   mma1688_tf32(d.hilo, ah, bl[0], bl[1]);
+#endif
   mma1688_tf32(d.hihi, ah, bh[0], bh[1]);
 }
 
@@ -230,6 +259,50 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
   gb += __shfl_sync(0xffffffffu, ga, 31);
 }
 
+// One strip of the inverse's block rows (invert_unit_lower, step 2): columns [8 nt, 8 nt + 8) of
+// Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, into Tl and emit_block (R through the
+// warp's scratch Rw into B fragments).
+template <int LDA, int LDR, class EmitBlock>
+__device__ __forceinline__ void block_strip(const float* At, float* Tl, float* Rw, int I, int J, int nt, int g, int t,
+                                            EmitBlock& emit_block) {
+  auto tu_block = [&](int M) -> const float* {  // Tu_MJ, ld LDA
+    return M == J ? At + (16 * M) * LDA + 16 * J : Tl + (16 * M - 16) * LDA + 16 * J;
+  };
+  const float* const arow = At + (16 * I) * LDA;
+  const float* const tii = arow + 16 * I;
+  Tf32x3 acc;
+  acc.zero();
+  for (int M = J; M < I; ++M) {
+    Tf32Ops ops[2];
+    ops[0].load(arow + 16 * M, LDA, tu_block(M) + 8 * nt, LDA, g, t);
+    ops[1].load(arow + 16 * M + 8, LDA, tu_block(M) + 8 * nt + 8 * LDA, LDA, g, t);
+    mma1688_3xtf32(acc, ops[0]);
+    mma1688_3xtf32(acc, ops[1]);
+  }
+  float r[4];
+  acc.sum(r);
+  *reinterpret_cast<float2*>(Rw + g * LDR + 2 * t) = make_float2(r[0], r[1]);
+  *reinterpret_cast<float2*>(Rw + (g + 8) * LDR + 2 * t) = make_float2(r[2], r[3]);
+  __syncwarp();
+  Tf32Ops tops[2];
+  tops[0].load(tii, LDA, Rw, LDR, g, t);
+  tops[1].load(tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
+  acc.zero();
+  mma1688_3xtf32(acc, tops[0]);
+  mma1688_3xtf32(acc, tops[1]);
+  float o[4];
+  acc.sum(o);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) o[e] = -o[e];
+  __syncwarp();  // the scratch is read before the next strip overwrites it
+  float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
+  *reinterpret_cast<float2*>(out + g * LDA) = make_float2(o[0], o[1]);
+  *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(o[2], o[3]);
+#if GDNKIT_PROBE_INVERSE != 6
+  emit_block(I, J, nt, o);
+#endif
+}
+
 // Tu = (I + A)^-1 for the strictly lower A of block rows [0, nb), in fp32 arithmetic, by four
 // warps (warp w of the 128 threads). At (ld LDA) holds A; on return its diagonal blocks hold Tu's
 // and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
@@ -244,7 +317,8 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 //   1. warp b inverts diagonal block b by forward substitution, lane j < 16 solving column j:
 //      x_i = [i == j] - sum_{m < i} A_im x_m (zero above the diagonal);
 //   2. block rows I = 1 .. nb - 1: Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, on
-//      mma.sync with tf32 operands split as hi + lo (mma1688_3xtf32). Warp w computes the 8
+//      mma.sync with tf32 operands split as hi + lo (block_strip, mma1688_3xtf32; the A operands,
+//      rows of At, by ldmatrix, whence At's 16-byte alignment). Warp w computes the 8
 //      columns w % 2 of block J = 0 (w < 2) or of blocks J = 1 .. I - 1 (w >= 2), which balances
 //      the M sums; R goes through the warp's scratch into B fragments. A block's sum reads only
 //      diagonal blocks and blocks of its own columns, i.e. the warp's own earlier results, so the
@@ -254,7 +328,7 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
                                                   Sync&& sync, EmitBlock&& emit_block, Finish&& finish) {
   static_assert(LDA % 4 == 0, "16-byte rows");
   const int g = lane / 4, t = lane % 4;
-  if (warp < nb) {
+  if (GDNKIT_PROBE_INVERSE != 3 && warp < nb) {
     float* const Ab = At + (16 * warp) * LDA + 16 * warp;
     float x[16];
     if (lane < 16) {
@@ -282,39 +356,9 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
 
   float* const Rw = Rs + warp * 16 * LDR;
   const int nt = warp & 1;
-  auto tu_block = [&](int M, int J) -> const float* {  // Tu_MJ, ld LDA
-    return M == J ? At + (16 * M) * LDA + 16 * J : Tl + (16 * M - 16) * LDA + 16 * J;
-  };
-  for (int I = 1; I < nb; ++I) {
+  for (int I = 1; I < (GDNKIT_PROBE_INVERSE == 2 || GDNKIT_PROBE_INVERSE == 3 ? 1 : nb); ++I) {
     const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
-    for (int J = j_begin; J < j_end; ++J) {
-      Tf32x3 acc;
-      acc.zero();
-      for (int M = J; M < I; ++M) {
-        const float* const a = At + (16 * I) * LDA + 16 * M;
-        const float* const b = tu_block(M, J) + 8 * nt;
-        mma1688_3xtf32(acc, a, LDA, b, LDA, g, t);
-        mma1688_3xtf32(acc, a + 8, LDA, b + 8 * LDA, LDA, g, t);
-      }
-      float r[4];
-      acc.sum(r);
-      *reinterpret_cast<float2*>(Rw + g * LDR + 2 * t) = make_float2(r[0], r[1]);
-      *reinterpret_cast<float2*>(Rw + (g + 8) * LDR + 2 * t) = make_float2(r[2], r[3]);
-      __syncwarp();
-      const float* const tii = At + (16 * I) * LDA + 16 * I;
-      acc.zero();
-      mma1688_3xtf32(acc, tii, LDA, Rw, LDR, g, t);
-      mma1688_3xtf32(acc, tii + 8, LDA, Rw + 8 * LDR, LDR, g, t);
-      float o[4];
-      acc.sum(o);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] = -o[e];
-      __syncwarp();  // the scratch is read before the next J overwrites it
-      float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
-      *reinterpret_cast<float2*>(out + g * LDA) = make_float2(o[0], o[1]);
-      *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(o[2], o[3]);
-      emit_block(I, J, nt, o);
-    }
+    for (int J = j_begin; J < j_end; ++J) block_strip<LDA, LDR>(At, Tl, Rw, I, J, nt, g, t, emit_block);
     __syncwarp();  // the warp's Tl rows, before its next block row reads them
   }
   finish();

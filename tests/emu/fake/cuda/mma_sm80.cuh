@@ -12,7 +12,9 @@ inline void check16(const void* p) {
   extern unsigned char smem_raw[];
   extern unsigned char smem[];
   const unsigned char* c = static_cast<const unsigned char*>(p);
-  const bool in_walk = c >= smem_raw && c + 16 <= smem_raw + 200 * 1024, in_prep = c >= smem && c + 16 <= smem + 200 * 1024;
+  // The walk's or fused kernel's dynamic shared memory (232448 bytes, kSmemBytes in wgmma_sm90.cuh),
+  // or the prep kernel's (200 KB).
+  const bool in_walk = c >= smem_raw && c + 16 <= smem_raw + 232448, in_prep = c >= smem && c + 16 <= smem + 200 * 1024;
   if (!in_walk && !in_prep) { std::fprintf(stderr, "ldmatrix outside shared memory\n"); std::abort(); }
 }
 extern unsigned char smem_raw[];
