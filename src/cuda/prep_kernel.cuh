@@ -167,7 +167,6 @@ struct Tf32x3 {
 #define GDNKIT_PROBE_INVERSE 0
 #endif
 
-
 // The operands of one 16 x 8 x 8 product, as loaded: A (16 x 8 at pa, ld lda; 16-byte aligned
 // rows) and B (8 x 8 at pb, ld ldb) in mma.sync's fragment order (rows g, g + 8 and columns t, t + 4
 // of A; rows t, t + 4 and column g of B).
