@@ -22,7 +22,7 @@ def main():
     launches = {}
     for line in fileinput.input():
         f = line.split()
-        if len(f) != 51 or f[0] != "TL":
+        if len(f) < 51 or f[0] != "TL":  # (a GDNKIT_STEP_MARKS build appends its marks)
             continue
         launches.setdefault(int(f[1]), []).append([int(x) for x in f[3:51]])
     span = {}

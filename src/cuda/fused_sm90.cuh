@@ -81,6 +81,16 @@
 #ifndef GDNKIT_FUSED_FIRST_COPIES
 #define GDNKIT_FUSED_FIRST_COPIES 2
 #endif
+// GDNKIT_FUSED_KQ_FIRST: where state thread 0 issues chunk j + 2's K and Q copies in step j.
+// 0: with two state warpgroups while K S and Q S are in flight (walk_chunk's aside, after the O
+// store of chunk j - 1), with one after V's copy (which waits for that store's reads). 1: in every
+// kernel right after FULL of chunk j, before the O store and V. 2 (default): 1 in the walk-list
+// kernels and the one-warpgroup (64-column) kernels, 0 in the unsplit 128-column kernel. Against
+// 0 (docs/perf-notes.md, "The K and Q copies ahead of the O store"): the splits 2-3.5% faster, the
+// 64-column pairs 0.5-1%; in the unsplit 128-column kernel 1 was 4-7% slower.
+#ifndef GDNKIT_FUSED_KQ_FIRST
+#define GDNKIT_FUSED_KQ_FIRST 2
+#endif
 
 namespace gdnkit::cuda {
 
@@ -233,6 +243,14 @@ struct FusedProbe {
     printf("probe %s: %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", what, d[0], d[1],
            d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14]);
   }
+#elif defined(GDNKIT_STEP_MARKS)
+  int c = -1, n = 0;  // the aux's chunk - j0 being marked (step_marks, lane 0 of each warp), or -1
+  __device__ void mark() {
+    unsigned t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
+    if (c >= 0 && n < 16) step_marks[2 + threadIdx.x / 32][c][n++] = t;
+  }
+  __device__ void print(const char*) const {}
 #else
   __device__ void mark() {}
   __device__ void print(const char*) const {}
@@ -257,8 +275,13 @@ struct FusedProbe {
 // (No printf in the kernel: a call makes ptxas serialize its wgmma, C7510.)
 #ifdef GDNKIT_FUSED_TIMELINE
 constexpr unsigned kTimelineCtas = 1024;
-constexpr int kTimelineSlots = 48;
-__shared__ unsigned long long fused_timeline[kTimelineSlots];
+constexpr int kTimelineOwnSlots = 48;
+#ifdef GDNKIT_STEP_MARKS
+constexpr int kTimelineSlots = kTimelineOwnSlots + 6 * kMarkChunks * 16;  // then step_marks
+#else
+constexpr int kTimelineSlots = kTimelineOwnSlots;
+#endif
+__shared__ unsigned long long fused_timeline[kTimelineOwnSlots];
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -333,6 +356,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   float* const At = reinterpret_cast<float*>(smem + F::off_at);
   float* const Tl = reinterpret_cast<float*>(smem + F::off_tl);
   (tid < kChunk ? gs[tid] : bs[tid - kChunk]) = gate_beta;
+  probe.mark();
   named_sync(F::kBarAux, 128);
   probe.mark();
 
@@ -704,6 +728,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       FusedProbe probe;
 #ifdef GDNKIT_FUSED_PROBE
       probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
+#elif defined(GDNKIT_STEP_MARKS)
+      probe.c =
+          tid % 32 == 0 && j >= fp.timeline_j0 && j < fp.timeline_j0 + kMarkChunks ? j - fp.timeline_j0 : -1;
 #endif
       probe.mark();
       const ChunkPos nxt = chunks.next(cur);
@@ -723,11 +750,20 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
 #endif
+      probe.mark();
       if (nrows < C) {
         zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, C, tid);
         gmma_smem_fence();  // the zero rows, before wgmma reads them (only here: the fence waits
                             // for this thread's outstanding loads, the next chunk's gates)
       }
+#ifdef GDNKIT_STEP_MARKS
+      probe.mark();
+      {
+        const float gbv = gate_beta_value(p, gb_cur, tid);
+        asm volatile("" ::"f"(gbv) : "memory");
+        probe.mark();
+      }
+#endif
 #if GDNKIT_FUSED_PROBE_SKIP != 1
       // With kAuxP the peer's copy brings the whole record (Mt, P, gam, dec) of its chunks: nothing
       // to form here. (Both products' wgmma groups, issue to wait, lie inside this branch: ptxas
@@ -741,6 +777,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
           fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
                      reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale,
                      tid);
+        if constexpr (F::kAuxP) probe.mark();
       }
 #endif
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 24);
@@ -760,8 +797,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % R, F::kThreads);
       probe.mark();
-      probe.print("aux: EMPTY, ahead | gate loads | K wait, gates | K K^T issue | cumsum | K K^T wait, A | "
-                  "diagonal | block rows | tail | V + FULL");
+      probe.print("aux: EMPTY, ahead | gate loads | K wait | tail, gate store | aux barrier | K K^T issue | "
+                  "cumsum | K K^T wait, A | diagonal | block rows | tail | (P |) V + FULL");
       ++j;
       if (!more) break;
       cur = nxt;
@@ -897,6 +934,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   constexpr bool kStageO =
       (!F::kWalks || GDNKIT_FUSED_STAGE_O_WALKS) && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
   constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
+  // K and Q of chunk j + 2 right after FULL of chunk j (GDNKIT_FUSED_KQ_FIRST).
+  constexpr bool kKqFirst =
+      GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && (F::kWalks || F::kStateWarpgroups == 1));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
 #pragma unroll
@@ -939,6 +979,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       probe.on = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && j == 8;
 #endif
       probe.mark();
+#ifdef GDNKIT_STEP_MARKS
+      if (tid % 128 == 0)
+        step_mark_chunk[tid / 128] = j >= fp.timeline_j0 && j < fp.timeline_j0 + kMarkChunks ? j - fp.timeline_j0 : -1;
+#endif
+      GDNKIT_STEP_MARK(0);
       const int s = j % R;
       const bool from_peer = pair_from_peer<F>(j);
       if (from_peer && j >= 1) {  // done with this CTA's Mt of chunk j - 1: the peer may copy chunk j + 2 there
@@ -952,20 +997,31 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 #if GDNKIT_FUSED_V_WAIT_STATE && GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
+      GDNKIT_STEP_MARK(1);
+      // Past FULL of chunk j every state thread is done with step j - 1, so chunk j - 1's stages
+      // are free (below). In the walk-list and 64-column kernels chunk j + 2's K and Q go there
+      // first, ahead of the O store and V's copy (kKqFirst).
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+      if (kKqFirst && tid == 0 && j >= 1) {
+        const int a = F::ahead(smem, s)[1];
+        if (a >= 0) copy.kq(a, (j + 2) % 3);
+      }
+#endif
       if constexpr (kStageO && !kStoreAtEnd)
         if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
-      // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's). With two state warpgroups, state
-      // thread 0 issues them while the step's K S and Q S are in flight (walk_chunk's aside):
-      // issued here, before P, they had kept every other state warp waiting at the P barrier
-      // (2-6% slower on the 128-column rows). With one (64-column pairs, whose aux sets the step)
+      // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's; K and Q above where kKqFirst). With
+      // two state warpgroups, state thread 0 issues them while the step's K S and Q S are in flight
+      // (walk_chunk's aside): issued here, before P, they had kept every other state warp waiting
+      // at the P barrier (2-6% slower on the 128-column rows; issuing K and Q alone first is still
+      // 4-7% slower in the unsplit kernel). With one (64-column pairs, whose aux sets the step)
       // they are issued here: later, they delayed the aux's next records (1-2% slower;
       // docs/perf-notes.md).
       // V's copy goes there too where O is staged: it waits for the store's reads of the stage.
       constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || (kStageO && !kStoreAtEnd);
       const auto copy_kq = [&] {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
-        if (tid == 0 && j >= 1) {
+        if (!kKqFirst && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[1];
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }
@@ -1007,6 +1063,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
       gmma_smem_fence();
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);
+      GDNKIT_STEP_MARK(2);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
       // A map CTA's "o" rows (the start state's share of o) go to map_o in the correction's
@@ -1086,7 +1143,11 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   int* const order = reinterpret_cast<int*>(smem + F::off_order);
 #ifdef GDNKIT_FUSED_TIMELINE
   if (tid == 0)
-    for (int i = 0; i < kTimelineSlots; ++i) fused_timeline[i] = 0;
+    for (int i = 0; i < kTimelineOwnSlots; ++i) fused_timeline[i] = 0;
+#ifdef GDNKIT_STEP_MARKS
+  if (tid < 2) step_mark_chunk[tid] = -1;
+  for (int i = tid; i < 6 * kMarkChunks * 16; i += blockDim.x) (&step_marks[0][0][0])[i] = 0;
+#endif
 #endif
   GDNKIT_FUSED_STAMP(tid == 0, 0);
   if (tid == 0) {
@@ -1148,7 +1209,10 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     fused_timeline[6] = global_ns();
     const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     if (fp.timeline != nullptr && cta < kTimelineCtas)
-      for (int i = 0; i < kTimelineSlots; ++i) fp.timeline[kTimelineSlots * cta + i] = fused_timeline[i];
+      for (int i = 0; i < kTimelineSlots; ++i)
+        fp.timeline[kTimelineSlots * cta + i] =
+            i < kTimelineOwnSlots ? fused_timeline[i]
+                                  : static_cast<unsigned long long>((&step_marks[0][0][0])[i - kTimelineOwnSlots]);
   }
 #endif
 }

@@ -254,6 +254,30 @@ struct MmaSyncWalk {
   }
 };
 
+// A measurement aid (GDNKIT_STEP_MARKS, with GDNKIT_FUSED_TIMELINE; fused_sm90.cu's kernels only):
+// %clock marks of thread 0 of each of the fused kernel's state warpgroups (threadIdx.x 128, 256)
+// through the phases of the chunk steps j0 .. j0 + kMarkChunks - 1, and of lane 0 of each aux warp
+// (FusedProbe::mark) through its records of the same chunks; fused_cta copies them out after the
+// timeline's slots and bench/step_marks.py prints them. Compiled out otherwise.
+#ifdef GDNKIT_STEP_MARKS
+constexpr int kMarkChunks = 4;
+__shared__ unsigned step_marks[6][kMarkChunks][16];  // [state WG 0, 1, aux warps 0-3][chunk - j0][mark]
+__shared__ int step_mark_chunk[2];                   // each state warpgroup's chunk - j0 being marked, or -1
+__device__ __forceinline__ void step_mark(int k) {
+  if (threadIdx.x == 128 || threadIdx.x == 256) {
+    const int c = step_mark_chunk[threadIdx.x / 128 - 1];
+    unsigned t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
+    if (c >= 0 && c < kMarkChunks) step_marks[threadIdx.x / 128 - 1][c][k] = t;
+  }
+}
+#define GDNKIT_STEP_MARK(k) ::gdnkit::cuda::step_mark(k)
+#else
+#define GDNKIT_STEP_MARK(k) \
+  do {                      \
+  } while (0)
+#endif
+
 // One chunk step for one warp's 16 value columns, the chunk holding NB 16-row blocks (rows past
 // nrows are zero). Updates st in place and stores rows [0, nrows) of O at orow0 (row 0 of the
 // chunk, this warp's first column; o_token elements from one row to the next). A negative o_token
@@ -323,6 +347,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   };
   // K S and Q S, then Xt, then Vnt = Xt Mt^T.
   W::template kq_vn<NB>(ks, qs, vn, st, zero_state, make_x, aside, S, l);
+  GDNKIT_STEP_MARK(9);
 
   // Ot = QSt diag(scale gam) + Vnt P^T; Vnt and Vnt diag(exp(G_last - G)) as A fragments.
   std::uint32_t na[NB][4], da[NB][4];
@@ -411,6 +436,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
       }
     }
   };
+  GDNKIT_STEP_MARK(10);
   W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
 }
 

@@ -199,8 +199,11 @@ struct WgmmaWalk {
         gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc_add(dk, k_bytes + gmma_kstep(kk, kChunk)), true);
 #endif
       gmma_commit();
+      GDNKIT_STEP_MARK(3);
       aside();
+      GDNKIT_STEP_MARK(4);
       gmma_wait<0>();
+      GDNKIT_STEP_MARK(5);
       gmma_fence(kf);
       gmma_fence(qf);
       fence_all(sa);
@@ -209,6 +212,7 @@ struct WgmmaWalk {
     }
     std::uint32_t xa[NB][4];
     make_x(xa);
+    GDNKIT_STEP_MARK(6);
 #pragma unroll
     for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
     const std::uint64_t dm = gmma_desc(S.mt, 16, 1024);
@@ -218,7 +222,9 @@ struct WgmmaWalk {
     lower_products<NB>(vf, xa, gmma_desc_add(dm, m_bytes));  // Mt lo, then hi
     lower_products<NB>(vf, xa, dm);
     gmma_commit();
+    GDNKIT_STEP_MARK(7);
     gmma_wait<0>();
+    GDNKIT_STEP_MARK(8);
     gmma_fence(vf);
     fence_all(xa);
   }
@@ -239,6 +245,7 @@ struct WgmmaWalk {
     lower_products<NB>(qf, na, dp);
 #endif
     gmma_commit();
+    GDNKIT_STEP_MARK(11);
     decay_state();
     fence_all(da);
     gmma_fence(sf);
@@ -247,11 +254,15 @@ struct WgmmaWalk {
     for (int rb = 0; rb < NB; ++rb)
       gmma_rs<T, DK, true>(sf, da[rb], gmma_desc_add(ds, rb * 16 * 128), true);
     gmma_commit();
+    GDNKIT_STEP_MARK(12);
     gmma_wait<1>();
+    GDNKIT_STEP_MARK(13);
     gmma_fence(qf);
     fence_all(na);
     store_o();
+    GDNKIT_STEP_MARK(14);
     gmma_wait<0>();
+    GDNKIT_STEP_MARK(15);
     gmma_fence(sf);
     fence_all(da);
   }
