@@ -85,11 +85,19 @@
 // 0: with two state warpgroups while K S and Q S are in flight (walk_chunk's aside, after the O
 // store of chunk j - 1), with one after V's copy (which waits for that store's reads). 1: in every
 // kernel right after FULL of chunk j, before the O store and V. 2 (default): 1 in the walk-list
-// kernels and the one-warpgroup (64-column) kernels, 0 in the unsplit 128-column kernel. Against
-// 0 (docs/perf-notes.md, "The K and Q copies ahead of the O store"): the splits 2-3.5% faster, the
-// 64-column pairs 0.5-1%; in the unsplit 128-column kernel 1 was 4-7% slower.
+// kernels and the one-warpgroup (64-column) kernels (where GDNKIT_FUSED_KQ_AT_END is off), 0 in the
+// unsplit 128-column kernel. Against 0 (docs/perf-notes.md, "Step marks; the K and Q copies ahead
+// of the O store"): the splits 2-3.5% faster, the 64-column pairs 0.5-1%; in the unsplit
+// 128-column kernel 1 was 4-7% slower.
 #ifndef GDNKIT_FUSED_KQ_FIRST
 #define GDNKIT_FUSED_KQ_FIRST 2
+#endif
+// GDNKIT_FUSED_KQ_AT_END (default 1): the one-warpgroup kernels (64 columns) copy chunk j + 3's K
+// and Q at the end of step j instead, after the barrier of their warps that precedes the O store
+// (chunk j's stage is free there); the aux publishes that chunk's position with the next two
+// (F::ahead). Against KQ_FIRST's order: the 64-column pairs 1.9-2.7% faster.
+#ifndef GDNKIT_FUSED_KQ_AT_END
+#define GDNKIT_FUSED_KQ_AT_END 1
 #endif
 
 namespace gdnkit::cuda {
@@ -164,10 +172,10 @@ struct FusedSm90 {
   static constexpr std::size_t off_gates = off_r + align128(std::size_t(4) * 16 * LDR * 4);
   static constexpr std::size_t gates_bytes = 3 * kChunk * 4;
   static constexpr std::size_t off_order = off_gates + kRecStages * gates_bytes;  // longest-first ranks
-  // Per record stage: the first tokens of the next two chunks (-1: none), for state thread 0's copies.
+  // Per record stage: the first tokens of the next three chunks (-1: none), for state thread 0's copies.
   static constexpr std::size_t off_ahead = off_order + kWalkOrderBytes;
   // mbarriers: K+Q x 3, V x 2, and per record stage a CTA pair's copy landing and release (fused_paired).
-  static constexpr std::size_t off_bar = off_ahead + kRecStages * 2 * 4;
+  static constexpr std::size_t off_bar = off_ahead + kRecStages * 4 * 4;
   static constexpr std::size_t smem_bytes = off_bar + (5 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
   static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
   // What a pair shares: Mt hi and lo; with kAuxP also P, gam and dec (the whole record: the aux then
@@ -185,7 +193,7 @@ struct FusedSm90 {
     return kAuxP ? rec(smem, s) + 2 * m_bytes : smem + off_p;
   }
   __device__ static T* v(unsigned char* smem, int s) { return reinterpret_cast<T*>(smem + off_v + s * v_bytes); }
-  __device__ static int* ahead(unsigned char* smem, int s) { return reinterpret_cast<int*>(smem + off_ahead) + 2 * s; }
+  __device__ static int* ahead(unsigned char* smem, int s) { return reinterpret_cast<int*>(smem + off_ahead) + 4 * s; }
   __device__ static std::uint64_t* kq_bar(unsigned char* smem, int s) {
     return reinterpret_cast<std::uint64_t*>(smem + off_bar) + s;
   }
@@ -742,6 +750,11 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
         F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
+        if constexpr (GDNKIT_FUSED_KQ_AT_END && F::kStateWarpgroups == 1) {  // (fused_state's kKqAtEnd)
+          const bool more2 = more && chunks.valid(nxt2);
+          const ChunkPos nxt3 = more2 ? chunks.next(nxt2) : nxt2;
+          F::ahead(smem, j % R)[2] = more2 && chunks.valid(nxt3) ? nxt3.c0 : -1;
+        }
         if (pair_from_peer<F>(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's copy
       }
       probe.mark();
@@ -935,8 +948,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       (!F::kWalks || GDNKIT_FUSED_STAGE_O_WALKS) && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
   constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
   // K and Q of chunk j + 2 right after FULL of chunk j (GDNKIT_FUSED_KQ_FIRST).
+  // With one state warpgroup (GDNKIT_FUSED_KQ_AT_END): chunk j + 3's at the end of step j instead.
+  constexpr bool kKqAtEnd = GDNKIT_FUSED_KQ_AT_END && kStoreAtEnd;
   constexpr bool kKqFirst =
-      GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && (F::kWalks || F::kStateWarpgroups == 1));
+      !kKqAtEnd &&
+      (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && (F::kWalks || F::kStateWarpgroups == 1)));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
 #pragma unroll
@@ -999,8 +1015,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 #endif
       GDNKIT_STEP_MARK(1);
       // Past FULL of chunk j every state thread is done with step j - 1, so chunk j - 1's stages
-      // are free (below). In the walk-list and 64-column kernels chunk j + 2's K and Q go there
-      // first, ahead of the O store and V's copy (kKqFirst).
+      // are free (below). In the walk-list kernels chunk j + 2's K and Q go there first, ahead of
+      // the O store and V's copy (kKqFirst; the 64-column kernels have copied them already, at the
+      // end of step j - 1: kKqAtEnd).
 #if GDNKIT_FUSED_PROBE_SKIP != 3
       if (kKqFirst && tid == 0 && j >= 1) {
         const int a = F::ahead(smem, s)[1];
@@ -1021,7 +1038,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || (kStageO && !kStoreAtEnd);
       const auto copy_kq = [&] {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
-        if (!kKqFirst && tid == 0 && j >= 1) {
+        if (!kKqFirst && !kKqAtEnd && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[1];
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }
@@ -1094,10 +1111,14 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
         o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
         if constexpr (kStoreAtEnd) {
-          if (o_pending >= 0) {
-            named_sync(F::kBarP, 128);  // every warp's stmatrix
-            if (tid == 0) store_staged_o(j);
+          if (kKqAtEnd || o_pending >= 0) named_sync(F::kBarP, 128);  // every warp's stmatrix and products
+#if GDNKIT_FUSED_PROBE_SKIP != 3
+          if (kKqAtEnd && tid == 0) {  // chunk j's K and Q stage is free: chunk j + 3's go there
+            const int a = F::ahead(smem, s)[2];
+            if (a >= 0) copy.kq(a, j % 3);
           }
+#endif
+          if (o_pending >= 0 && tid == 0) store_staged_o(j);
           o_pending = -1;
         }
       }
