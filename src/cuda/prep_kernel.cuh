@@ -307,9 +307,10 @@ __device__ __forceinline__ void block_strip(const float* At, float* Tl, float* R
 // and Tl (ld LDA, row i at Tl + (i - 16) LDA) the blocks left of the diagonal in block rows 1..3.
 // Rs: four 16 x LDR fp32 scratch tiles, one per warp. sync() separates the diagonal blocks from
 // the block rows: a barrier of the four warps (after it the diagonal blocks of Tu are in At; the
-// fused kernel's then writes Mt's). The caller's barrier must separate the writes of A from this
-// call. finish() is called by every warp once its block rows are done: the prep kernel's is a
-// barrier when nb > 1.
+// fused kernel's then writes Mt's). Step 1 reads only the warp's own diagonal block and sync()
+// precedes every other read: the caller orders the writes of A before this call by a barrier, or
+// by __syncwarp where warp w wrote block row w (the fused kernel). finish() is called by every warp
+// once its block rows are done: the prep kernel's is a barrier when nb > 1.
 // Each block of Tu left of the diagonal is also handed to the caller as it is formed, in registers:
 // emit_block(I, J, nt, o) by every lane of a warp with o = the mma C fragment of columns
 // [8 nt, 8 nt + 8) of block (I, J).
