@@ -1233,9 +1233,13 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     if (fp.timeline != nullptr && cta < kTimelineCtas)
       for (int i = 0; i < kTimelineSlots; ++i)
+#ifdef GDNKIT_STEP_MARKS
         fp.timeline[kTimelineSlots * cta + i] =
             i < kTimelineOwnSlots ? fused_timeline[i]
                                   : static_cast<unsigned long long>((&step_marks[0][0][0])[i - kTimelineOwnSlots]);
+#else
+        fp.timeline[kTimelineSlots * cta + i] = fused_timeline[i];
+#endif
   }
 #endif
 }
