@@ -54,6 +54,19 @@ inline float __shfl_sync(unsigned, float v, int src) {
   return r;
 }
 
+// The integer shuffles, bit for bit (the float one above would round them).
+inline unsigned g_shfl_u[12][32];
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  g_warp_barrier[w]->arrive_and_wait();
+  g_shfl_u[w][l] = v;
+  g_warp_barrier[w]->arrive_and_wait();
+  const unsigned r = g_shfl_u[w][src];
+  g_warp_barrier[w]->arrive_and_wait();
+  return r;
+}
+inline int __shfl_sync(unsigned m, int v, int src) { return static_cast<int>(__shfl_sync(m, static_cast<unsigned>(v), src)); }
+
 inline unsigned g_redux[12][32];
 inline unsigned __reduce_min_sync(unsigned, unsigned v) {  // the whole warp takes part
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
