@@ -44,28 +44,21 @@ inline float __shfl_up_sync(unsigned, float v, int off) {
   g_warp_barrier[w]->arrive_and_wait();
   return r;
 }
-inline float __shfl_sync(unsigned, float v, int src) {
+// Any 32-bit value, bit for bit (floats and integers alike: nothing is rounded through float).
+inline std::uint32_t g_shfl_bits[12][32];
+template <typename V>
+inline V __shfl_sync(unsigned, V v, int src) {
+  static_assert(sizeof(V) == 4, "32-bit shuffles");
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   g_warp_barrier[w]->arrive_and_wait();
-  g_shfl[w][l] = v;
+  std::memcpy(&g_shfl_bits[w][l], &v, 4);
   g_warp_barrier[w]->arrive_and_wait();
-  const float r = g_shfl[w][src];
+  V r;
+  std::memcpy(&r, &g_shfl_bits[w][src], 4);
   g_warp_barrier[w]->arrive_and_wait();
   return r;
 }
 
-// The integer shuffles, bit for bit (the float one above would round them).
-inline unsigned g_shfl_u[12][32];
-inline unsigned __shfl_sync(unsigned, unsigned v, int src) {
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  g_warp_barrier[w]->arrive_and_wait();
-  g_shfl_u[w][l] = v;
-  g_warp_barrier[w]->arrive_and_wait();
-  const unsigned r = g_shfl_u[w][src];
-  g_warp_barrier[w]->arrive_and_wait();
-  return r;
-}
-inline int __shfl_sync(unsigned m, int v, int src) { return static_cast<int>(__shfl_sync(m, static_cast<unsigned>(v), src)); }
 
 inline unsigned g_redux[12][32];
 inline unsigned __reduce_min_sync(unsigned, unsigned v) {  // the whole warp takes part
