@@ -13,8 +13,8 @@
 //                      reads.
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
-//                      share of the columns (fused_p; the aux's in the kAuxP instantiation, for
-//                      64-column pairs), then the wgmma walk's chunk step (walk_chunk
+//                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column
+//                      pairs, the aux's, with A in fused_record), then the wgmma walk's chunk step (walk_chunk
 //                      with WgmmaWalk's products), the state in registers throughout. State thread
 //                      0 issues the later chunks' TMA copies as each step frees a stage (with two
 //                      state warpgroups while the step's K S and Q S are in flight), at the
@@ -98,6 +98,12 @@
 // (F::ahead). Against KQ_FIRST's order: the 64-column pairs 1.9-2.7% faster.
 #ifndef GDNKIT_FUSED_KQ_AT_END
 #define GDNKIT_FUSED_KQ_AT_END 1
+#endif
+// GDNKIT_FUSED_P_WITH_A (default 1): where the aux forms P (kAuxP, the 64-column pairs), it does so
+// with A, from the same exponentials, Q K^T in flight with K K^T (fused_record), rather than after
+// the inverse (fused_p). Against 0 (docs/perf-notes.md, "P formed with A"): the pairs 1.5-2.7% faster.
+#ifndef GDNKIT_FUSED_P_WITH_A
+#define GDNKIT_FUSED_P_WITH_A 1
 #endif
 
 namespace gdnkit::cuda {
@@ -347,12 +353,13 @@ __device__ __forceinline__ void publish_gates(float* gs, unsigned char* rec, int
 // beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: Mt hi,
 // Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the valid row blocks:
 // the blocks right of the diagonal zero since zero_record_tiles), gam and dec; and G log2(e) into
-// `gates` for fused_p. The caller's copies of K have landed; this starts with an aux barrier.
+// `gates` for fused_p. With kAuxP (and GDNKIT_FUSED_P_WITH_A) also P, scaled by `scale`, into the
+// record stage. The caller's copies of K (and Q) have landed; this starts with an aux barrier.
 // With mt false only G, gam and dec: the other CTA of a pair forms Mt (fused_paired).
 template <class F>
 __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
                                              float* gates, float gate_beta, int nrows, int tid, FusedProbe& probe,
-                                             bool mt) {
+                                             bool mt, float scale) {
   using T = typename F::T;
   constexpr int DK = F::DK;
   constexpr int LDA = F::LDA;
@@ -379,12 +386,25 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   // flight while G is formed. (Q K^T is the state warpgroups', fused_p.)
   const std::uint64_t dk = fused_kdesc(kq);
   float kkt[32];
+  // With kPWithA (the aux's P, kAuxP) also Q K^T, in the same group: P = scale (Q K^T) .* D takes
+  // the decay of A's pieces below (the same fragments: rows 16 w + g, + 8, columns 8 n + 2t, + 1),
+  // instead of a second pass of exponentials and a second product wait after the inverse.
+  constexpr bool kPWithA = F::kAuxP && GDNKIT_FUSED_P_WITH_A;
+  float qkt[kPWithA ? 32 : 1];
   gmma_fence(kkt);
+  if constexpr (kPWithA) gmma_fence(qkt);
   gmma_arrive();
 #pragma unroll
   for (int kk = 0; kk < DK / 16; ++kk) {
     const std::uint64_t d = gmma_desc_add(dk, gmma_kstep(kk, kChunk));
     gmma_ss<T, 64>(kkt, d, d, kk > 0);
+  }
+  if constexpr (kPWithA) {
+    const std::uint64_t dq = fused_kdesc(kq + F::Walk::k_bytes);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk)
+      gmma_ss<T, 64>(qkt, gmma_desc_add(dq, gmma_kstep(kk, kChunk)), gmma_desc_add(dk, gmma_kstep(kk, kChunk)),
+                     kk > 0);
   }
   gmma_commit();
   probe.mark();
@@ -403,17 +423,45 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   const float b[2] = {bs[i0], bs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(kkt);
+  if constexpr (kPWithA) {
+    gmma_fence(qkt);
+    // P by stmatrix (fused_p's order): stsm q stores column tiles 2q, 2q + 1; those right of the
+    // warp's diagonal tiles (q > warp) are zero.
+    unsigned char* const P = rec + 2 * F::m_bytes;  // F::p_tile of this stage
+    const int m = lane / 8;
 #pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    if (n > 2 * warp + 1) continue;
-    const int j = 8 * n + 2 * t;
-    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+    for (int q = 0; q < 4; ++q) {
+      std::uint32_t r[4] = {0u, 0u, 0u, 0u};
+      if (q <= warp) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int i = i0 + 8 * hh;
-      const float2 d = decay_pair(gi[hh], gj, i, j);
-      *reinterpret_cast<float2*>(At + i * LDA + j) =
-          make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
+        for (int nn = 0; nn < 2; ++nn) {
+          const int n = 2 * q + nn, j = 8 * n + 2 * t;
+          const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int i = i0 + 8 * hh;
+            const float2 d = decay_pair(gi[hh], gj, i, j);
+            *reinterpret_cast<float2*>(At + i * LDA + j) =
+                make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
+            r[2 * nn + hh] = pack2<T>(scale * qkt[4 * n + 2 * hh] * d.x, scale * qkt[4 * n + 2 * hh + 1] * d.y);
+          }
+        }
+      }
+      stsm_x4(P + swizzle128(16 * warp + 8 * (m % 2) + lane % 8, 2 * q + m / 2), r);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      if (n > 2 * warp + 1) continue;
+      const int j = 8 * n + 2 * t;
+      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = i0 + 8 * hh;
+        const float2 d = decay_pair(gi[hh], gj, i, j);
+        *reinterpret_cast<float2*>(At + i * LDA + j) =
+            make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
+      }
     }
   }
   __syncwarp();
@@ -787,8 +835,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       if (!(F::kAuxP && pair_from_peer<F>(j))) {
         fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
                         reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
-                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair_from_peer<F>(j));
-        if constexpr (F::kAuxP)  // G is published (fused_record's barriers)
+                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair_from_peer<F>(j),
+                        p.scale);
+        if constexpr (F::kAuxP && !GDNKIT_FUSED_P_WITH_A)  // G is published (fused_record's barriers)
           fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
                      reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale,
                      tid);
@@ -851,7 +900,8 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
-  // P formed by the aux (kAuxP) goes out as stmatrix fragments (the accumulator's C tiles are
+  // P formed by the aux (kAuxP with GDNKIT_FUSED_P_WITH_A=0; by default fused_record forms it with A,
+  // stored the same way) goes out as stmatrix fragments (the accumulator's C tiles are
   // exactly those): each stsm_x4 stores column tiles n, n + 1 (rows 0-7 and 8-15 of the warp's 16
   // each), one 16-byte row piece per lane, a quarter of the store instructions. Measured 0.9-1.4%
   // faster on the 64-column pairs, whose aux sets the step; in the state warpgroups of the
