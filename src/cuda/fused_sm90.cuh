@@ -423,45 +423,33 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   const float b[2] = {bs[i0], bs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(kkt);
-  if constexpr (kPWithA) {
-    gmma_fence(qkt);
-    // P by stmatrix (fused_p's order): stsm q stores column tiles 2q, 2q + 1; those right of the
-    // warp's diagonal tiles (q > warp) are zero.
-    unsigned char* const P = rec + 2 * F::m_bytes;  // F::p_tile of this stage
-    const int m = lane / 8;
+  if constexpr (kPWithA) gmma_fence(qkt);
+  // Pieces (column tiles) 2q and 2q + 1 of the warp's rows: A's left of and on the diagonal
+  // (q <= warp); with kPWithA all of P's, stored by stmatrix as fused_p does (zeros right of the
+  // diagonal, without exponentials).
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      std::uint32_t r[4] = {0u, 0u, 0u, 0u};
-      if (q <= warp) {
+  for (int q = 0; q < 4; ++q) {
+    std::uint32_t r[4] = {0u, 0u, 0u, 0u};
+    if (q <= warp) {
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn) {
-          const int n = 2 * q + nn, j = 8 * n + 2 * t;
-          const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
+      for (int nn = 0; nn < 2; ++nn) {
+        const int n = 2 * q + nn, j = 8 * n + 2 * t;
+        const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int i = i0 + 8 * hh;
-            const float2 d = decay_pair(gi[hh], gj, i, j);
-            *reinterpret_cast<float2*>(At + i * LDA + j) =
-                make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = i0 + 8 * hh;
+          const float2 d = decay_pair(gi[hh], gj, i, j);
+          *reinterpret_cast<float2*>(At + i * LDA + j) =
+              make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
+          if constexpr (kPWithA)
             r[2 * nn + hh] = pack2<T>(scale * qkt[4 * n + 2 * hh] * d.x, scale * qkt[4 * n + 2 * hh + 1] * d.y);
-          }
         }
       }
-      stsm_x4(P + swizzle128(16 * warp + 8 * (m % 2) + lane % 8, 2 * q + m / 2), r);
     }
-  } else {
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      if (n > 2 * warp + 1) continue;
-      const int j = 8 * n + 2 * t;
-      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = i0 + 8 * hh;
-        const float2 d = decay_pair(gi[hh], gj, i, j);
-        *reinterpret_cast<float2*>(At + i * LDA + j) =
-            make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
-      }
+    if constexpr (kPWithA) {
+      unsigned char* const P = rec + 2 * F::m_bytes;  // F::p_tile of this stage
+      const int m = lane / 8;
+      stsm_x4(P + swizzle128(16 * warp + 8 * (m % 2) + lane % 8, 2 * q + m / 2), r);
     }
   }
   __syncwarp();
