@@ -14,11 +14,12 @@
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column
-//                      pairs, the aux's, with A in fused_record), then the wgmma walk's chunk step (walk_chunk
-//                      with WgmmaWalk's products), the state in registers throughout. State thread
-//                      0 issues the later chunks' TMA copies as each step frees a stage (with two
-//                      state warpgroups while the step's K S and Q S are in flight), at the
-//                      positions the aux publishes (F::ahead): the aux, the bound, issues none.
+//                      pairs, the aux's, with A in fused_record), then the wgmma walk's chunk
+//                      step (walk_chunk with WgmmaWalk's products), the state in registers
+//                      throughout. State thread 0 issues the later chunks' TMA copies as each
+//                      step frees a stage (with two state warpgroups while the step's K S and
+//                      Q S are in flight), at the positions the aux publishes (F::ahead): the
+//                      aux, the bound, issues none.
 // With two state warpgroups, registers move from the aux to them (setmaxnreg: 120 + 2 x 192 =
 // 3 x 168; below 192 for the state, ptxas serializes every wgmma of the kernel, C7512; the aux
 // fits 120 without spills since Q K^T moved to the state warpgroups and the chunk cursor is
@@ -383,7 +384,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     return;
   }
   // K K^T (rows and columns: K; warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1), in
-  // flight while G is formed. (Q K^T is the state warpgroups', fused_p.)
+  // flight while G is formed. (Q K^T is the state warpgroups', fused_p, but with kPWithA below.)
   const std::uint64_t dk = fused_kdesc(kq);
   float kkt[32];
   // With kPWithA (the aux's P, kAuxP) also Q K^T, in the same group: P = scale (Q K^T) .* D takes
