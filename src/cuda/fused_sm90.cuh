@@ -106,6 +106,12 @@
 #ifndef GDNKIT_FUSED_P_WITH_A
 #define GDNKIT_FUSED_P_WITH_A 1
 #endif
+// GDNKIT_FUSED_DIAG_PAIRS (default 1): the record's diagonal blocks are solved by aux warps 0 and 2,
+// two blocks each (one per half warp), once warps 1 and 3 have formed their rows of A, instead of
+// one block per warp with half its lanes idle (invert_unit_lower's kDiagPairs).
+#ifndef GDNKIT_FUSED_DIAG_PAIRS
+#define GDNKIT_FUSED_DIAG_PAIRS 1
+#endif
 
 namespace gdnkit::cuda {
 
@@ -155,8 +161,10 @@ struct FusedSm90 {
   static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
   static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
   // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
+  // kBarDiag + w / 2: aux warp w + 1's rows of A are in place for warp w (w = 0, 2; GDNKIT_FUSED_DIAG_PAIRS).
   static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = kBarFull + kRecStages, kBarP = kBarEmpty + kRecStages;
-  static_assert(kBarP < 16, "hardware named barriers");
+  static constexpr int kBarDiag = kBarP + 1;
+  static_assert(kBarDiag + 1 < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
@@ -332,6 +340,7 @@ __device__ __forceinline__ std::uint64_t fused_kdesc(const unsigned char* tile) 
 // G, the inclusive cumsum of the chunk's gates gs, in every warp of the aux; warp 0 publishes
 // G log2(e) (gs + kChunk; the exponents of the record and P are base 2) and gam, dec into the
 // record stage rec (G_last = G[63]: padded rows repeat it); the aux barrier at the end publishes them.
+// (The cumsum by warp 0 alone, the others going straight to the barrier: 0.3-1.9% slower.)
 template <class F>
 __device__ __forceinline__ void publish_gates(float* gs, unsigned char* rec, int lane, int warp) {
   float ga, gb;
@@ -416,9 +425,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   // A = diag(beta) (K K^T) .* D with the decay D_ij = exp(G_i - G_j) (j <= i, else 0), so that the
   // inverse of I + strict_lower(A) is D .* Tu (a similarity by diag(exp(G))) and Mt below needs no
   // exponentials. Every exponent is <= 0: nothing overflows for any gates. Block row w (tiles left of
-  // and on the diagonal) by warp w. No barrier follows: the inverse's first step reads only the
-  // warp's own diagonal block (warp 3 forms four times warp 0's pieces; a barrier here kept the
-  // others waiting for it, 0.5-3% of the step).
+  // and on the diagonal) by warp w. No barrier of all four warps follows: the inverse's first step
+  // reads only the diagonal blocks of the warp's own rows, or with kDiagPairs below of its pair's
+  // (warp 3 forms four times warp 0's pieces; a barrier here kept the others waiting for it, 0.5-3%
+  // of the step).
   const int i0 = 16 * warp + g;
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   const float b[2] = {bs[i0], bs[i0 + 8]};
@@ -454,6 +464,11 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     }
   }
   __syncwarp();
+  constexpr bool kDiagPairs = GDNKIT_FUSED_DIAG_PAIRS && !F::kWalks;  // (the walk-list kernels spilled 28 bytes)
+  // Warp w + 1's rows of A, for warp w's second diagonal block (w even). Warp w + 1 waits too (a
+  // bar.arrive there made racecheck report the gate stores at the record's start against the cumsum's
+  // reads): it forms more of A than warp w, so it arrives last and does not wait.
+  if constexpr (kDiagPairs) named_sync(F::kBarDiag + warp / 2, 64);
   probe.mark();
   // The inverse D .* Tu, and Mt = (D .* Tu) diag(beta) as hi + lo: the blocks left of the diagonal
   // straight from the inverse's registers (mma fragments) as each is formed; the diagonal blocks
@@ -505,7 +520,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     put_pair(16 * I + g, c, o[0] * bc.x, o[1] * bc.y);
     put_pair(16 * I + g + 8, c, o[2] * bc.x, o[3] * bc.y);
   };
-  invert_unit_lower<LDA, F::LDR>(
+  invert_unit_lower<LDA, F::LDR, kDiagPairs>(
       At, Tl, reinterpret_cast<float*>(smem + F::off_r), nb, warp, lane,
       [&] {
         named_sync(F::kBarAux, 128);

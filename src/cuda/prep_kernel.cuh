@@ -323,15 +323,21 @@ __device__ __forceinline__ void block_strip(const float* At, float* Tl, float* R
 //      the M sums; R goes through the warp's scratch into B fragments. A block's sum reads only
 //      diagonal blocks and blocks of its own columns, i.e. the warp's own earlier results, so the
 //      warps run their block rows without waiting for each other (finish() ends the call).
-template <int LDA, int LDR, class Sync, class EmitBlock, class Finish>
+// kDiagPairs: step 1 by warps 0 and 2 alone, two diagonal blocks each (lanes 0-15 block warp,
+// lanes 16-31 block warp + 1), so that no lane idles; the caller then orders warp w + 1's writes of
+// its block row before warp w's call (the fused kernel: a named barrier per pair of warps).
+template <int LDA, int LDR, bool kDiagPairs = false, class Sync, class EmitBlock, class Finish>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
                                                   Sync&& sync, EmitBlock&& emit_block, Finish&& finish) {
   static_assert(LDA % 4 == 0, "16-byte rows");
   const int g = lane / 4, t = lane % 4;
-  if (GDNKIT_PROBE_INVERSE != 3 && warp < nb) {
-    float* const Ab = At + (16 * warp) * LDA + 16 * warp;
+  if (GDNKIT_PROBE_INVERSE != 3 && (!kDiagPairs || warp % 2 == 0) && warp < nb) {
+    const int b = kDiagPairs ? warp + lane / 16 : warp;  // the lane's diagonal block
+    const int col = kDiagPairs ? lane % 16 : lane;       // and its column in it
+    const bool solves = kDiagPairs ? b < nb : lane < 16;
+    float* const Ab = At + (16 * b) * LDA + 16 * b;
     float x[16];
-    if (lane < 16) {
+    if (solves) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         // Row i's first i entries as 16-byte broadcast loads (the rows are 16-byte aligned).
@@ -343,13 +349,13 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
 #pragma unroll
           for (int m = m4; m < m4 + 4 && m < i; ++m) s += av[m - m4] * x[m];
         }
-        x[i] = (i == lane ? 1.0f : 0.0f) - s;
+        x[i] = (i == col ? 1.0f : 0.0f) - s;
       }
     }
     __syncwarp();
-    if (lane < 16) {
+    if (solves) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) Ab[i * LDA + lane] = x[i];
+      for (int i = 0; i < 16; ++i) Ab[i * LDA + col] = x[i];
     }
   }
   sync();
