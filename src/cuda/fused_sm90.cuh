@@ -464,7 +464,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     }
   }
   __syncwarp();
-  constexpr bool kDiagPairs = GDNKIT_FUSED_DIAG_PAIRS && !F::kWalks;  // (the walk-list kernels spilled 28 bytes)
+  constexpr bool kDiagPairs = GDNKIT_FUSED_DIAG_PAIRS;
   // Warp w + 1's rows of A, for warp w's second diagonal block (w even). Warp w + 1 waits too (a
   // bar.arrive there made racecheck report the gate stores at the record's start against the cumsum's
   // reads): it forms more of A than warp w, so it arrives last and does not wait.
