@@ -59,7 +59,6 @@ inline V __shfl_sync(unsigned, V v, int src) {
   return r;
 }
 
-
 inline unsigned g_redux[12][32];
 inline unsigned __reduce_min_sync(unsigned, unsigned v) {  // the whole warp takes part
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
