@@ -5,7 +5,9 @@
 // drawn on the device; --gate-linear passes alpha itself (GateSpace::linear), --beta-bf16 stores
 // beta as bf16 (what a model's sigmoid in bf16 hands over). Device time: CUDA events around
 // back-to-back launches after warm-up, rotating over enough input copies to exceed the L2 cache,
-// median of repeats. Host time: wall time of one Plan::run call (enqueue only), median.
+// median of repeats. Host time: wall time of one Plan::run call (enqueue only), median; plan
+// time: wall time of one Plan::create of the row's first plan (what a caller that plans every
+// call, as the Python binding does, pays besides run), median.
 //
 //   bench_gdnkit --rows bench/rows.json [--only NAME,...] [--sets N] [--json]
 #include <cuda_bf16.h>
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
   const long long l2_bytes = 60ll << 20;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "stream");
-  if (!json) std::printf("%-38s %8s %10s %10s %s\n", "row", "tokens", "device_ms", "host_us", "kernel");
+  if (!json) std::printf("%-38s %8s %10s %10s %s %s\n", "row", "tokens", "device_ms", "host_us", "kernel", "plan_us");
   for (const Row& row : read_rows(rows_path)) {
     if (!only.empty() && only.find("," + row.name + ",") == std::string::npos) continue;
     gdnkit::Problem p;
@@ -196,6 +198,25 @@ int main(int argc, char** argv) {
       }
     }
     const bool with_unsplit = kernels.empty() && segments.empty() && plans.size() == 2;
+    // Plan::create of the row's first plan (its options again), timed alone.
+    double plan_us = 0.0;
+    if (!plans.empty() || !kernels.empty()) {
+      gdnkit::Options o;
+      o.split_decay_cutoff = cutoff;
+      if (!segments.empty()) o.segments = std::atoi(segments.c_str());
+      const std::string first_kernel = kernels.substr(0, kernels.find(','));
+      if (!kernels.empty()) o.kernel = first_kernel.c_str();
+      std::vector<double> t;
+      try {
+        for (int r = 0; r < 41; ++r) {
+          const auto h0 = std::chrono::steady_clock::now();
+          const gdnkit::Plan plan = gdnkit::Plan::create(p, o);
+          t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+        }
+        plan_us = median(t);
+      } catch (const gdnkit::Error&) {
+      }
+    }
     std::vector<double> row_ms, row_host_us;
     for (std::size_t b = 0; b < kernels.size();) {
       std::size_t e = kernels.find(',', b);
@@ -264,14 +285,16 @@ int main(int argc, char** argv) {
       row_host_us.push_back(host_us);
       if (json && with_unsplit && row_ms.size() == 2)
         std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\", "
-                    "\"unsplit_ms\": %.5f, \"unsplit_kernel\": \"%s\"}\n",
+                    "\"unsplit_ms\": %.5f, \"unsplit_kernel\": \"%s\", \"plan_us\": %.2f}\n",
                     row.name.c_str(), T, row_ms[0], row_host_us[0], plans[0].kernel_name(), device_ms,
-                    plan.kernel_name());
+                    plan.kernel_name(), plan_us);
       else if (json && !(with_unsplit && row_ms.size() == 1))
-        std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\"}\n",
-                    row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
+        std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\", "
+                    "\"plan_us\": %.2f}\n",
+                    row.name.c_str(), T, device_ms, host_us, plan.kernel_name(), plan_us);
       else if (!json)
-        std::printf("%-38s %8lld %10.4f %10.2f %s\n", row.name.c_str(), T, device_ms, host_us, plan.kernel_name());
+        std::printf("%-38s %8lld %10.4f %10.2f %s %.2f\n", row.name.c_str(), T, device_ms, host_us, plan.kernel_name(),
+                    plan_us);
       std::fflush(stdout);
       cudaFree(ws), cudaEventDestroy(e0), cudaEventDestroy(e1);
     }

@@ -23,6 +23,7 @@
 #include "cuda/cp_model.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace gdnkit::cuda {
 
@@ -71,57 +72,108 @@ int fused_columns(const detail::Shape& s, int sms, int split_warps) {
   return tokens_per_seq <= 16 * kChunkTokens || split_warps == 0 || fused64_pays(s, sms, split_warps) ? 64 : 0;
 }
 
+namespace {
+
+// cp_split_cost's model of one stage-1 kernel (dvb columns, the decay shortcut or not, value and
+// map pairs or not) on one shape, with what does not depend on the segment length computed once:
+// cp_best_split evaluates up to 63 segment counts with three kernels each, every one of them
+// redoing these (integer divisions among them) had cost 2-4 us per Plan::create on an H200's host.
 // Equal lengths; a sequence no longer than a segment is walked whole (the device cuts each
 // sequence by its own length). With the decay shortcut (cut) the map walks and the corrections
 // are taken to stop after kCutChunks chunks (the gates are on the device: this is the model of
 // decaying gates the option is meant for).
-double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut, bool pairs) {
-  constexpr std::int64_t kCutChunks = 2;
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = chunks_of(len);
-  const std::int64_t nseg = std::max<std::int64_t>(1, (chunks + seg_chunks - 1) / seg_chunks);
-  const std::int64_t walk_chunks = std::min(seg_chunks, chunks);
-  const double row_bytes = static_cast<double>(s.H) * (2.0 * s.dk + 4.0 * s.dv);  // map_o, o read and written
-  // In pairs the map CTA of a sequence's first segment walks too (beside its value CTA, whose
-  // records it shares).
-  pairs = pairs && dvb == 128 && !cut;
-  const std::int64_t cv = s.H * n * nseg * (s.dv / dvb), cm = s.H * n * (pairs ? nseg : nseg - 1) * (s.dk / dvb);
-  // With the shortcut the rows are short and the fixed costs (the stop points, the scan over all
-  // heads, launch gaps) weigh more: measured on the H200 (perf-notes), about 10% more per chunk
-  // and 80 us more per call than the model of the exact split.
-  const bool pairs64 = dvb == 64 && s.dk % 128 == 0 && s.dv % 128 == 0;
-  const double step = pairs ? kStepFused128Pairs : (pairs64 ? kStepFused64SplitPairs : fused_step(dvb)) * (cut ? 1.1 : 1.0);
-  const double stage1 =
-      cut ? step * static_cast<double>((walk_chunks + 1) * waves(cv, sms) + (kCutChunks + 1) * waves(cm, sms))
-          : step * static_cast<double>((walk_chunks + 1) * waves(cv + cm, sms));
-  // Rows the correction reads and writes: those after each sequence's first segment.
-  const double fixed_rows = nseg < 2 ? 0.0
-                            : cut    ? static_cast<double>(n * (nseg - 1) * kCutChunks * kChunkTokens)
-                                     : static_cast<double>(n * (len - seg_chunks * kChunkTokens));
-  return stage1 + (cut ? 0.5 : 1.0) * kScanStep * static_cast<double>(nseg - 1) +
-         fixed_rows * row_bytes / kFixBytesPerUs + kCpFixed + (cut ? 80.0 : 0.0);
+struct SplitModel {
+  static constexpr std::int64_t kCutChunks = 2;
+  std::int64_t n = 1, len = 0, chunks = 0, cv_seg = 0, cm_seg = 0;  // CTAs per segment: value, map (H n blocks)
+  int sms = 1, dvb = 128;
+  bool cut = false, pairs = false;
+  double step = 0.0, row_bytes = 0.0;
+
+  SplitModel() = default;
+  SplitModel(const detail::Shape& s, int sms_, int dvb_, bool cut_, bool pairs_) : sms(sms_), dvb(dvb_), cut(cut_) {
+    n = std::max<std::int64_t>(s.N, 1), len = s.T / n, chunks = chunks_of(len);
+    row_bytes = static_cast<double>(s.H) * (2.0 * s.dk + 4.0 * s.dv);  // map_o, o read and written
+    // In pairs the map CTA of a sequence's first segment walks too (beside its value CTA, whose
+    // records it shares).
+    pairs = pairs_ && dvb == 128 && !cut;
+    cv_seg = s.H * n * (s.dv / dvb), cm_seg = s.H * n * (s.dk / dvb);
+    // With the shortcut the rows are short and the fixed costs (the stop points, the scan over all
+    // heads, launch gaps) weigh more: measured on the H200 (perf-notes), about 10% more per chunk
+    // and 80 us more per call than the model of the exact split.
+    const bool pairs64 = dvb == 64 && s.dk % 128 == 0 && s.dv % 128 == 0;
+    step = pairs ? kStepFused128Pairs : (pairs64 ? kStepFused64SplitPairs : fused_step(dvb)) * (cut ? 1.1 : 1.0);
+  }
+
+  // nseg = ceil(chunks / seg_chunks) (at least 1).
+  double cost(std::int64_t seg_chunks, std::int64_t nseg) const {
+    const std::int64_t walk_chunks = std::min(seg_chunks, chunks);
+    const std::int64_t cv = cv_seg * nseg, cm = cm_seg * (pairs ? nseg : nseg - 1);
+    const double stage1 =
+        cut ? step * static_cast<double>((walk_chunks + 1) * waves(cv, sms) + (kCutChunks + 1) * waves(cm, sms))
+            : step * static_cast<double>((walk_chunks + 1) * waves(cv + cm, sms));
+    // Rows the correction reads and writes: those after each sequence's first segment.
+    const double fixed_rows = nseg < 2 ? 0.0
+                              : cut    ? static_cast<double>(n * (nseg - 1) * kCutChunks * kChunkTokens)
+                                       : static_cast<double>(n * (len - seg_chunks * kChunkTokens));
+    return stage1 + (cut ? 0.5 : 1.0) * kScanStep * static_cast<double>(nseg - 1) +
+           fixed_rows * row_bytes / kFixBytesPerUs + kCpFixed + (cut ? 80.0 : 0.0);
+  }
+
+  // A lower bound of cost() over every split into two or more segments: stage 1 is at least its
+  // CTAs' chunk steps spread evenly over the SMs (the value walks cover every chunk, the map walks
+  // at least half of them, none with the shortcut), plus one scan step and the fixed costs.
+  double floor() const {
+    const double map_share = cut ? 0.0 : pairs ? 1.0 : 0.5;
+    const double steps = static_cast<double>(chunks) * (static_cast<double>(cv_seg) + map_share * static_cast<double>(cm_seg));
+    return step * steps / static_cast<double>(sms) + (cut ? 0.5 : 1.0) * kScanStep + kCpFixed + (cut ? 80.0 : 0.0);
+  }
+};
+
+// The stage-1 kernels a split can run: (dvb, pairs) (value and map pairs: one value and one map
+// CTA per segment, dk = dv = 128; cp.cu).
+template <class F>
+void for_each_stage1(const detail::Shape& s, bool cut, F&& f) {
+  for (int dvb : {128, 64})
+    for (bool pairs : {true, false}) {
+      if (s.dk % dvb != 0 || s.dv % dvb != 0 || (pairs && (dvb != 128 || cut || s.dk != 128 || s.dv != 128)))
+        continue;
+      f(dvb, pairs);
+    }
 }
 
-CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut) {
+}  // namespace
+
+double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut, bool pairs) {
+  const SplitModel m(s, sms, dvb, cut, pairs);
+  return m.cost(seg_chunks, std::max<std::int64_t>(1, (m.chunks + seg_chunks - 1) / seg_chunks));
+}
+
+CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut, double beat) {
   CpChoice best;
-  const std::int64_t n = std::max<std::int64_t>(s.N, 1), chunks = chunks_of(s.T / n);
+  SplitModel models[4];
+  int count = 0;
+  bool below = false;  // some kernel's floor under `beat` (with a margin for the floor's own rounding)
+  for_each_stage1(s, cut, [&](int dvb, bool pairs) {
+    models[count] = SplitModel(s, sms, dvb, cut, pairs);
+    below |= models[count].floor() < beat * (1.0 + 1e-9);
+    ++count;
+  });
+  if (!below) return best;
+  const std::int64_t chunks = SplitModel(s, sms, 128, cut, false).chunks;
   for (std::int64_t want = lo; want <= std::min<std::int64_t>(hi, chunks); ++want) {
     const std::int64_t seg_chunks = (chunks + want - 1) / want, nseg = (chunks + seg_chunks - 1) / seg_chunks;
     if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give
-    for (int dvb : {128, 64})
-      for (bool pairs : {true, false}) {
-        // (Value and map pairs: one value and one map CTA per segment, dk = dv = 128; cp.cu.)
-        if (s.dk % dvb != 0 || s.dv % dvb != 0 || (pairs && (dvb != 128 || cut || s.dk != 128 || s.dv != 128)))
-          continue;
-        const double cost = cp_split_cost(s, sms, seg_chunks, dvb, cut, pairs);
-        if (best.nseg == 0 || cost < best.cost)
-          best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunkTokens), dvb, cost, pairs};
-      }
+    for (int i = 0; i < count; ++i) {
+      const double cost = models[i].cost(seg_chunks, nseg);
+      if (best.nseg == 0 || cost < best.cost)
+        best = {static_cast<int>(nseg), static_cast<int>(seg_chunks * kChunkTokens), models[i].dvb, cost, models[i].pairs};
+    }
   }
   return best;
 }
 
 CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int forced, std::int64_t max_seq_len,
-                   bool packed, bool cut) {
+                   bool packed, bool cut, bool prune) {
   // The model runs on equal lengths: the batch as ceil(T / Lmax) sequences of the longest length
   // Lmax (the hint, else the mean), whose walks set the time split or not.
   const std::int64_t n = std::max<std::int64_t>(s.N, 1);
@@ -134,8 +186,12 @@ CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int f
     const int kseg = static_cast<int>(std::min<std::int64_t>(forced, chunks));  // fewer where short
     return cp_best_split(eq, sms, kseg, kseg, cut);
   }
-  const CpChoice best = cp_best_split(eq, sms, 2, 64, cut);
-  if (best.nseg >= 2 && best.cost < kSplitPays * cp_unsplit_cost(unsplit, eq, sms)) return best;
+  // A split is taken only under kSplitPays of the unsplit kernel: cp_best_split skips the search
+  // where no split can be (`prune`; off only to test that it changes nothing).
+  const double unsplit_eq = cp_unsplit_cost(unsplit, eq, sms);
+  const double inf = std::numeric_limits<double>::infinity();
+  const CpChoice best = cp_best_split(eq, sms, 2, 64, cut, prune ? kSplitPays * unsplit_eq : inf);
+  if (best.nseg >= 2 && best.cost < kSplitPays * unsplit_eq) return best;
   if (packed && max_seq_len <= 0 && n > 1) {
     // Packed lengths unknown to the host: the mean may hide one long sequence, which alone sets
     // the unsplit time. Plan the segment length for the worst case, one sequence of T tokens, and
@@ -145,13 +201,12 @@ CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int f
     // whole.
     detail::Shape one = s;
     one.N = 1;
-    const CpChoice worst = cp_best_split(one, sms, 2, 64, cut);
+    const double unsplit_one = cp_unsplit_cost(unsplit, one, sms);
+    const CpChoice worst = cp_best_split(one, sms, 2, 64, cut, prune ? 0.85 * unsplit_one : inf);
     // Equal lengths must be cut too: where they would all be walked whole, the split would only
     // add its launches to the unsplit walk (e.g. 8 x 4096 tokens on 32 heads).
-    if (worst.nseg >= 2 && chunks > worst.seg_tokens / kChunkTokens &&
-        worst.cost < 0.85 * cp_unsplit_cost(unsplit, one, sms) &&
-        cp_split_cost(eq, sms, worst.seg_tokens / kChunkTokens, worst.dvb, cut, worst.pairs) <=
-            1.05 * cp_unsplit_cost(unsplit, eq, sms))
+    if (worst.nseg >= 2 && chunks > worst.seg_tokens / kChunkTokens && worst.cost < 0.85 * unsplit_one &&
+        cp_split_cost(eq, sms, worst.seg_tokens / kChunkTokens, worst.dvb, cut, worst.pairs) <= 1.05 * unsplit_eq)
       return worst;
   }
   return {};

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "common/shape.h"
 
@@ -58,15 +59,18 @@ int fused_columns(const detail::Shape& s, int sms, int split_warps);
 // CTAs (cut: the decay shortcut; pairs: CpChoice::pairs, dvb 128 and exact).
 double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, int dvb, bool cut, bool pairs = false);
 
-// The cheapest split into nseg segments, nseg in [lo, hi]; nseg = 0 when none is possible.
-CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut);
+// The cheapest split into nseg segments, nseg in [lo, hi]; nseg = 0 when none is possible, or
+// when no split can cost less than `beat` (a lower bound of the costs says so without the search).
+CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut,
+                       double beat = std::numeric_limits<double>::infinity());
 
 // The planner's split of a problem (s: its shape; dk and dv multiples of 64, and dv 128 unless
 // forced, checked by the caller) on a device of `sms` SMs, with `unsplit` the kernel it would run otherwise.
 // forced >= 2: segments of about 1/forced of the modelled length (nseg = 0 where the sequences
 // are under two chunks); forced == 0: the split only where it pays by the model. max_seq_len: the
 // caller's hint (0: unknown); packed: the lengths come from cu_seqlens (unknown to the host).
+// prune: skip the search where no split can pay (the same choice, faster; false to test that).
 CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int forced, std::int64_t max_seq_len,
-                   bool packed, bool cut);
+                   bool packed, bool cut, bool prune = true);
 
 }  // namespace gdnkit::cuda

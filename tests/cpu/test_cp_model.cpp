@@ -233,3 +233,54 @@ TEST(CpModel, FusedColumns) {
 }
 
 }  // namespace
+
+// The planner skips its search of segment counts where a lower bound of every split's cost says no
+// split can pay (cp_best_split's `beat`): that must never change a choice. Every combination of a
+// grid of shapes, hints, unsplit kernels, SM counts and both modes, pruned and not.
+TEST(CpModel, PruningChangesNoChoice) {
+  int split = 0, cases = 0;
+  for (int heads : {1, 2, 8, 16, 32, 64, 128})
+    for (std::int64_t seqs : {1, 2, 3, 10, 64})
+      for (std::int64_t len : {65, 128, 1000, 4096, 16384, 65536, 262144})
+        for (int dims : {0, 1, 2})
+          for (std::int64_t hint : {std::int64_t{0}, len, 3 * len})
+            for (bool packed : {true, false})
+              for (bool cut : {false, true})
+                for (UnsplitKernel unsplit : {UnsplitKernel{true, 8}, UnsplitKernel{true, 4}, UnsplitKernel{false, 1},
+                                              UnsplitKernel{false, 8}})
+                  for (int sms : {kH200Sms, 78}) {
+                    gdnkit::detail::Shape s = shape(heads, seqs, len);
+                    s.dk = dims == 1 ? 64 : 128;
+                    s.dv = dims == 2 ? 64 : 128;
+                    const CpChoice a = cp_choose(s, sms, unsplit, 0, hint, packed, cut, true);
+                    const CpChoice b = cp_choose(s, sms, unsplit, 0, hint, packed, cut, false);
+                    ASSERT_EQ(a.nseg, b.nseg) << heads << " heads, " << seqs << " x " << len << ", dims " << dims
+                                              << ", hint " << hint << ", packed " << packed << ", cut " << cut;
+                    ASSERT_EQ(a.seg_tokens, b.seg_tokens);
+                    ASSERT_EQ(a.dvb, b.dvb);
+                    ASSERT_EQ(a.pairs, b.pairs);
+                    ASSERT_EQ(a.cost, b.cost);
+                    ++cases;
+                    split += a.nseg >= 2;
+                  }
+  EXPECT_GT(cases, 10000);
+  EXPECT_GT(split, cases / 20);  // both outcomes well represented
+  EXPECT_LT(split, cases - cases / 20);
+}
+
+// The bound under every split's cost (the property the pruning rests on), checked against the
+// search itself: where cp_best_split finds a split, a `beat` just above its cost keeps it, and a
+// `beat` at or below the bound's value finds none.
+TEST(CpModel, BestSplitWithBeat) {
+  for (int heads : {1, 8, 64})
+    for (std::int64_t len : {200, 8192, 131072})
+      for (bool cut : {false, true}) {
+        const auto s = shape(heads, 1, len);
+        const CpChoice best = cp_best_split(s, kH200Sms, 2, 64, cut);
+        ASSERT_GE(best.nseg, 2);
+        const CpChoice kept = cp_best_split(s, kH200Sms, 2, 64, cut, best.cost * 1.001);
+        EXPECT_EQ(kept.nseg, best.nseg);
+        EXPECT_EQ(kept.cost, best.cost);
+        EXPECT_EQ(cp_best_split(s, kH200Sms, 2, 64, cut, 1.0).nseg, 0);  // nothing costs under 1 us
+      }
+}
