@@ -223,6 +223,8 @@ def main():
         if row["name"] in cpp:
             rec["gdnkit_cpp_ms"] = cpp[row["name"]]["device_ms"]
             rec["gdnkit_cpp_host_us"] = cpp[row["name"]]["host_us"]
+            if "plan_us" in cpp[row["name"]]:  # Plan::create, which a caller that plans every call also pays
+                rec["gdnkit_cpp_plan_us"] = cpp[row["name"]]["plan_us"]
             rec["gdnkit_cpp_kernel"] = cpp[row["name"]]["kernel"]
             if "unsplit_ms" in cpp[row["name"]]:  # the planner split the sequences: the same unsplit
                 rec["gdnkit_cpp_unsplit_ms"] = cpp[row["name"]]["unsplit_ms"]
@@ -281,6 +283,9 @@ def main():
                         f'({r["gdnkit_cpp_kernel"]})' for r in split))
         worse = [r["name"] for r in split if r["gdnkit_cpp_ms"] > r["gdnkit_cpp_unsplit_ms"]]
         print(f"rows where the split is slower than unsplit: {worse or 'none'}")
+    plans = [r["gdnkit_cpp_plan_us"] for r in results if "gdnkit_cpp_plan_us" in r]
+    if plans:
+        print(f"C++ Plan::create: {min(plans):.1f} to {max(plans):.1f} us over the rows (median {statistics.median(plans):.1f})")
     print(f"python host time of one call on {smallest['name']}: {py_host_us:.1f} us" +
           (f"; of a split call on {split_row['name']}: {py_split_host_us:.1f} us" if split_row else ""))
     print(f"wrote {out}")
