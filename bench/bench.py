@@ -4,8 +4,9 @@
 For every row, on identical inputs (cuLA's benchmark recipe: q = 0.03 randn, k = 0.01 randn,
 v = 0.1 randn in bf16, decay alpha in [0.85, 0.95) passed as log(alpha), beta in [0, 0.5), packed
 varlen, no initial state, no final state):
-  gdnkit_ms        device time of one gdnkit call: CUDA-graph replays timed with CUDA events,
-                   median of repeats, inputs rotated over enough copies to exceed the L2 cache
+  gdnkit_ms        device time of one gdnkit call: CUDA-graph replays (at least four calls per
+                   graph) timed with CUDA events, median of repeats, inputs rotated over enough
+                   copies to exceed the L2 cache
   gdnkit_eager_ms  CUDA-event time of one eager Python call, host overhead included (median)
   fla_kernel_ms    sum of FLA's GPU kernel times for one call (torch profiler, median of calls)
   fla_eager_ms     CUDA-event time of one eager FLA call (median)
@@ -78,21 +79,26 @@ def events_median(fn, reps, warmup=3):
     return statistics.median(times)
 
 
-def graph_device_ms(call, sets, reps):
-    """Captures one call per input set into one graph, replays it, returns median ms per call."""
+def graph_device_ms(call, sets, reps, min_calls=4):
+    """Captures calls cycling through the input sets (one per set, at least min_calls) into one
+    graph, replays it, returns median ms per call. The events around a replay also time the
+    replay's launch (several microseconds on a slow host), which at least four calls per graph
+    spread, as the C++ driver's four back-to-back launches do: a graph of the one call a row whose
+    single input set exceeds the L2 cache gets had added that latency to every call."""
     for x in sets:  # warm up outside capture (first-call work, allocator)
         call(x)
     torch.cuda.synchronize()
+    calls = [sets[i % len(sets)] for i in range(max(len(sets), min_calls))]
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            for x in sets:
+            for x in calls:
                 call(x)
     torch.cuda.synchronize()
     ms = events_median(graph.replay, reps)
-    return ms / len(sets)
+    return ms / len(calls)
 
 
 def profiler_kernel_ms(call, x, reps, by_name=None):
