@@ -159,7 +159,7 @@ CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut
     ++count;
   });
   if (!below) return best;
-  const std::int64_t chunks = SplitModel(s, sms, 128, cut, false).chunks;
+  const std::int64_t chunks = chunks_of(s.T / std::max<std::int64_t>(s.N, 1));
   for (std::int64_t want = lo; want <= std::min<std::int64_t>(hi, chunks); ++want) {
     const std::int64_t seg_chunks = (chunks + want - 1) / want, nseg = (chunks + seg_chunks - 1) / seg_chunks;
     if (nseg < 2 || (want > lo && nseg != want)) continue;  // a count that whole chunks cannot give

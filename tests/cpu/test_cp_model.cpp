@@ -232,8 +232,6 @@ TEST(CpModel, FusedColumns) {
   EXPECT_EQ(fused_columns(dv64, kH200Sms, 8), 0);
 }
 
-}  // namespace
-
 // The planner skips its search of segment counts where a lower bound of every split's cost says no
 // split can pay (cp_best_split's `beat`): that must never change a choice. Every combination of a
 // grid of shapes, hints, unsplit kernels, SM counts and both modes, pruned and not.
@@ -284,3 +282,5 @@ TEST(CpModel, BestSplitWithBeat) {
         EXPECT_EQ(cp_best_split(s, kH200Sms, 2, 64, cut, 1.0).nseg, 0);  // nothing costs under 1 us
       }
 }
+
+}  // namespace
