@@ -290,6 +290,10 @@ struct SplitKernel {
   // The short walk (short_walk.cuh): 16-token chunks in one kernel, no prep kernel, no workspace,
   // static shared memory; `warps` as for the split walk (16 value columns each).
   bool short_chunks = false;
+  // A fused kernel that solves each chunk's Vn by block substitution (FusedSm90::kBlockSolve)
+  // rather than with the whole inverse: kernels that differ in it agree within rounding, not bit
+  // for bit.
+  bool block_solve = false;
 };
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.

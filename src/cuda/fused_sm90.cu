@@ -169,7 +169,9 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      &launch_fused<T, DK, DVB, kWalks>,
                      F::kThreads,
                      true,
-                     has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr};
+                     has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr,
+                     false,
+                     F::kBlockSolve};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per

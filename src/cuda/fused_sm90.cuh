@@ -6,11 +6,13 @@
 //   aux (warps 0-3)    computes each chunk's record into shared memory up to R - 1 chunks ahead of the
 //                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
-//                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
-//                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo (the blocks left of
-//                      the diagonal from the inverse's registers, the diagonal ones from At before
-//                      the block rows), straight into the 128-byte-swizzled tiles the walk's wgmma
-//                      reads.
+//                      (D_ij = exp(G_i - G_j)), the fp32 inverses of its two 32 x 32 diagonal
+//                      blocks (invert_unit_lower, the prep kernel's, kHalves), and from them Mt's
+//                      diagonal 32 x 32 blocks, Mt = (D .* Tu) diag(beta), as hi + lo, with -C =
+//                      -(K K^T) .* D below them (kBlockSolve: the walk finishes Vn by block
+//                      substitution, docs/math.md), straight into the 128-byte-swizzled tiles the
+//                      walk's wgmma reads. (The walk-list kernels at dk = 128 and 128 columns form
+//                      the whole Mt, as the prep kernel does.)
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column
@@ -113,6 +115,12 @@
 #define GDNKIT_FUSED_DIAG_PAIRS 1
 #endif
 
+// GDNKIT_FUSED_BLOCK_SOLVE (default 1): the record's inverse stops at Mt's two 32 x 32 diagonal
+// blocks and the walk finishes Vn by block substitution (FusedSm90::kBlockSolve); 0: the whole Mt.
+#ifndef GDNKIT_FUSED_BLOCK_SOLVE
+#define GDNKIT_FUSED_BLOCK_SOLVE 1
+#endif
+
 namespace gdnkit::cuda {
 
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
@@ -135,7 +143,14 @@ struct FusedSm90 {
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
-  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups> {
+  // The walk solves each chunk's Vn by block substitution over its two 32-token halves
+  // (GDNKIT_FUSED_BLOCK_SOLVE): the record holds Mt's two 32 x 32 diagonal blocks and, in their
+  // place below them, -C = -(K K^T) .* D, so that the aux's inverse forms 2 of its 12 blocks left of
+  // the diagonal (invert_unit_lower's kHalves).
+  // Not in the 128-column walk-list kernels at dk = 128 (a split's stage 1), whose state
+  // warpgroups then spill (4-72 bytes, per walk, however the code was arranged).
+  static constexpr bool kBlockSolve = GDNKIT_FUSED_BLOCK_SOLVE && !(kWalks_ && DK_ == 128 && DVB_ == 128);
+  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };
@@ -450,8 +465,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
         for (int hh = 0; hh < 2; ++hh) {
           const int i = i0 + 8 * hh;
           const float2 d = decay_pair(gi[hh], gj, i, j);
+          // With kBlockSolve the bottom-left quarter holds C = (K K^T) .* D, without beta (emit_c).
+          const float bi = F::kBlockSolve && warp >= 2 && q < 2 ? 1.0f : b[hh];
           *reinterpret_cast<float2*>(At + i * LDA + j) =
-              make_float2(b[hh] * kkt[4 * n + 2 * hh] * d.x, b[hh] * kkt[4 * n + 2 * hh + 1] * d.y);
+              make_float2(bi * kkt[4 * n + 2 * hh] * d.x, bi * kkt[4 * n + 2 * hh + 1] * d.y);
           if constexpr (kPWithA)
             r[2 * nn + hh] = pack2<T>(scale * qkt[4 * n + 2 * hh] * d.x, scale * qkt[4 * n + 2 * hh + 1] * d.y);
         }
@@ -487,6 +504,24 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     *reinterpret_cast<std::uint32_t*>(Mh + off) = hi;
     *reinterpret_cast<std::uint32_t*>(Ml + off) = pack2<T>(v0 - hf.x, v1 - hf.y);
   };
+  // 16 bytes of -C (kBlockSolve) into Mt's tiles, hi + lo: row 32 + p / 4, columns 8 (p % 4) .. + 7
+  // of At's bottom-left quarter. (Stored from the A loop's registers instead, the aux spilled.)
+  auto emit_c = [&](int p) {
+    const int r = 32 + p / 4, c = 8 * (p % 4);
+    const float4 x0 = *reinterpret_cast<const float4*>(At + r * LDA + c);
+    const float4 x1 = *reinterpret_cast<const float4*>(At + r * LDA + c + 4);
+    const float v[8] = {-x0.x, -x0.y, -x0.z, -x0.w, -x1.x, -x1.y, -x1.z, -x1.w};
+    std::uint32_t wh[4], wl[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      wh[q] = pack2<T>(v[2 * q], v[2 * q + 1]);
+      const float2 hf = unpack2<T>(wh[q]);
+      wl[q] = pack2<T>(v[2 * q] - hf.x, v[2 * q + 1] - hf.y);
+    }
+    const std::uint32_t off = swizzle128(r, c / 8);
+    *reinterpret_cast<uint4*>(Mh + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
+    *reinterpret_cast<uint4*>(Ml + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
+  };
   // Diagonal block bd of Mt: lane l writes row 16 bd + l % 16, columns 16 bd + 8 (l / 16) .. + 7,
   // one 16-byte piece per tile (conflict-free: eight rows of one column piece per quarter warp).
   auto emit_diag = [&](int bd) {
@@ -512,7 +547,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   // for warps 2 and 3), loaded before the block rows: loaded at each block, the warp stalls on them
   // there, in its chain of products (1-2% of the step). Not in the walk-list kernels, where the two
   // registers cost spills.
-  constexpr bool kBetaFirst = !F::kWalks;
+  constexpr bool kBetaFirst = !F::kWalks && !F::kBlockSolve;
   float2 bcol[2] = {};
   auto emit_block = [&](int I, int J, int nt, const float (&o)[4]) {
     const int c = 16 * J + 8 * nt + 2 * t;
@@ -520,7 +555,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     put_pair(16 * I + g, c, o[0] * bc.x, o[1] * bc.y);
     put_pair(16 * I + g + 8, c, o[2] * bc.x, o[3] * bc.y);
   };
-  invert_unit_lower<LDA, F::LDR, kDiagPairs>(
+  invert_unit_lower<LDA, F::LDR, kDiagPairs, F::kBlockSolve>(
       At, Tl, reinterpret_cast<float*>(smem + F::off_r), nb, warp, lane,
       [&] {
         named_sync(F::kBarAux, 128);
@@ -533,6 +568,9 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
           const int b0 = 2 * (warp - 2);
           if (b0 < nb) emit_diag(b0);
           if (b0 + 1 < nb) emit_diag(b0 + 1);
+        } else if (F::kBlockSolve) {  // -C's quarter by warps 0 and 1, two pieces a lane, valid rows only
+          if (32 + (64 * warp + lane) / 4 < 16 * nb) emit_c(64 * warp + lane);
+          if (32 + (64 * warp + 32 + lane) / 4 < 16 * nb) emit_c(64 * warp + 32 + lane);
         }
       },
       emit_block,

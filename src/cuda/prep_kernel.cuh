@@ -326,7 +326,10 @@ __device__ __forceinline__ void block_strip(const float* At, float* Tl, float* R
 // kDiagPairs: step 1 by warps 0 and 2 alone, two diagonal blocks each (lanes 0-15 block warp,
 // lanes 16-31 block warp + 1), so that no lane idles; the caller then orders warp w + 1's writes of
 // its block row before warp w's call (the fused kernel: a named barrier per pair of warps).
-template <int LDA, int LDR, bool kDiagPairs = false, class Sync, class EmitBlock, class Finish>
+// kHalves: step 2 forms only Tu_10 (warps 0, 1) and Tu_32 (warps 2, 3), one strip per warp, i.e.
+// the inverses of the two 32 x 32 diagonal blocks; the fused kernel's walk solves the rest by
+// block substitution (WgmmaWalk's kBlockSolve), and A's bottom-left quarter is then not read.
+template <int LDA, int LDR, bool kDiagPairs = false, bool kHalves = false, class Sync, class EmitBlock, class Finish>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
                                                   Sync&& sync, EmitBlock&& emit_block, Finish&& finish) {
   static_assert(LDA % 4 == 0, "16-byte rows");
@@ -362,10 +365,15 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
 
   float* const Rw = Rs + warp * 16 * LDR;
   const int nt = warp & 1;
-  for (int I = 1; I < (GDNKIT_PROBE_INVERSE == 2 || GDNKIT_PROBE_INVERSE == 3 ? 1 : nb); ++I) {
-    const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
-    for (int J = j_begin; J < j_end; ++J) block_strip<LDA, LDR>(At, Tl, Rw, I, J, nt, g, t, emit_block);
-    __syncwarp();  // the warp's Tl rows, before its next block row reads them
+  if constexpr (kHalves) {
+    const int I = warp < 2 ? 1 : 3;
+    if (I < nb) block_strip<LDA, LDR>(At, Tl, Rw, I, I - 1, nt, g, t, emit_block);
+  } else {
+    for (int I = 1; I < (GDNKIT_PROBE_INVERSE == 2 || GDNKIT_PROBE_INVERSE == 3 ? 1 : nb); ++I) {
+      const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;
+      for (int J = j_begin; J < j_end; ++J) block_strip<LDA, LDR>(At, Tl, Rw, I, J, nt, g, t, emit_block);
+      __syncwarp();  // the warp's Tl rows, before its next block row reads them
+    }
   }
   finish();
 }

@@ -339,6 +339,8 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
         x[half][1] = va.y - gam1 * ks[i][1];
         x[half][2] = vb.x - gam0 * ks[i][2];
         x[half][3] = vb.y - gam1 * ks[i][3];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ks[i][e] = x[half][e];  // fp32 Xt, for a block solve (else dead)
         // Rows past a tail chunk's end are exactly zero here: the loads (or, in the fused kernel,
         // the state warpgroups) zero those rows of K and V, so K S is zero there too.
       }

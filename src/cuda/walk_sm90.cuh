@@ -11,7 +11,9 @@
 //   KSt += St K^T      m64 n(16 NB) k16 x dk/16, B = K   K-major
 //   QSt += St Q^T      same with Q
 //   Vnt += Xt Mt^T     m64 n(16 NB) k16 x NB x 2 (lo, then hi), B = Mt K-major; in a full chunk
-//                      m64n32k16 x 6 x 2 (lower_products: Mt's upper triangle skipped)
+//                      m64n32k16 x 6 x 2 (lower_products: Mt's upper triangle skipped); with
+//                      kBlockSolve (the fused kernel) by block substitution instead, m64n16k16 and
+//                      m64n32k16 in three waits (block_solve)
 //   Ot  += Vnt P^T     m64 n(16 NB) k16 x NB, B = P K-major; in a full chunk m64n32k16 x 6
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
 //
@@ -67,10 +69,14 @@ __device__ __forceinline__ void load_kq_swizzled(unsigned char* kd, unsigned cha
   }
 }
 
-template <typename T_, int DK_, int WG>
+// kBlockSolve_ (the fused kernel's): the record's Mt holds only its two 32 x 32 diagonal blocks,
+// and below them -C = -(K K^T) .* D (D_ij = exp(G_i - G_j)), so kq_vn solves Vn by block
+// substitution instead of one product with the whole Mt (block_solve).
+template <typename T_, int DK_, int WG, bool kBlockSolve_ = false>
 struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
+  static constexpr bool kBlockSolve = kBlockSolve_;
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
@@ -165,6 +171,91 @@ struct WgmmaWalk {
     }
   }
 
+  // Vnt = Xt Mt^T by block substitution over the chunk's halves h = 0 (tokens 0-31) and 1 (32-63),
+  // with Mt's diagonal blocks Mt_hh and C = (K K^T) .* D, strict lower (docs/math.md, "The
+  // chunked form"): since
+  // Vn = (I + diag(beta) C)^-1 diag(beta) X,
+  //   Vn_0 = Mt_00 X_0,   Z_1 = X_1 - C_10 Vn_0,   Vn_1 = Mt_11 Z_1.
+  // The record's tiles hold Mt_00, Mt_11 and, in Mt_10's place, -C_10 (hi + lo each). Xt's first
+  // half comes rounded (xa) as for the whole Mt; Z_1 accumulates onto the fp32 Xt of the second
+  // half (xz, from make_x) and goes into Mt_11 as hi + lo, so it is no less accurate than the
+  // whole Mt applied to the rounded Xt (Vn_0 enters C_10 rounded once, as Vn enters P Vn). Three
+  // product waits instead of one; each 16-token block of output its own n16 accumulator (the
+  // right 16 of a half take both of its k-steps, the left only the first).
+  template <int NB>
+  __device__ static void block_solve(float (&vf)[8 * NB], float (&xz)[8 * NB], std::uint32_t (&xa)[NB][4],
+                                     std::uint64_t dm) {
+    constexpr int N0 = NB < 2 ? NB : 2;  // blocks of the first half
+    auto acc16 = [&](int b) -> float (&)[8] { return *reinterpret_cast<float (*)[8]>(&vf[8 * b]); };
+    // Each accumulator's first product overwrites it (no zeroed registers held across the rounds).
+    float (&v0)[8 * N0] = *reinterpret_cast<float (*)[8 * N0]>(&vf[0]);
+    fence_all(xa);
+    gmma_fence(v0);
+    gmma_arrive();
+#pragma unroll
+    for (int b = 0; b < N0; ++b)
+#pragma unroll
+      for (int bj = 0; bj <= b; ++bj) {
+        gmma_rs<T, 16, false>(acc16(b), xa[bj], gmma_desc_add(dm, m_bytes + 16 * 128 * b + 32 * bj), bj > 0);
+        gmma_rs<T, 16, false>(acc16(b), xa[bj], gmma_desc_add(dm, 16 * 128 * b + 32 * bj), true);
+      }
+    gmma_commit();
+    gmma_wait<0>();
+    gmma_fence(v0);
+    fence_all(xa);
+    if constexpr (NB > 2) {
+      constexpr int N1 = NB - 2;  // blocks of the second half
+      float (&z)[8 * N1] = *reinterpret_cast<float (*)[8 * N1]>(&xz[16]);
+      std::uint32_t va[2][4];
+#pragma unroll
+      for (int bj = 0; bj < 2; ++bj)
+        to_a_frag<T>(va[bj], *reinterpret_cast<const float (*)[4]>(&vf[8 * bj]),
+                     *reinterpret_cast<const float (*)[4]>(&vf[8 * bj + 4]));
+      fence_all(va);
+      gmma_fence(z);
+      gmma_arrive();
+#pragma unroll
+      for (int bj = 0; bj < 2; ++bj) {  // Z_1 += Vn_0 (-C_10)^T, rows 32.. of the tiles
+        gmma_rs<T, 16 * N1, false>(z, va[bj], gmma_desc_add(dm, 32 * 128 + 32 * bj), true);
+        gmma_rs<T, 16 * N1, false>(z, va[bj], gmma_desc_add(dm, m_bytes + 32 * 128 + 32 * bj), true);
+      }
+      gmma_commit();
+      gmma_wait<0>();
+      gmma_fence(z);
+      fence_all(va);
+      std::uint32_t zh[N1][4], zl[N1][4];
+#pragma unroll
+      for (int k = 0; k < N1; ++k) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x0 = z[8 * k + (e / 2) * 4 + 2 * (e % 2)], x1 = z[8 * k + (e / 2) * 4 + 2 * (e % 2) + 1];
+          zh[k][e] = pack2<T>(x0, x1);
+          const float2 h = unpack2<T>(zh[k][e]);
+          zl[k][e] = pack2<T>(x0 - h.x, x1 - h.y);
+        }
+      }
+      float (&v1)[8 * N1] = *reinterpret_cast<float (*)[8 * N1]>(&vf[16]);
+      fence_all(zh);
+      fence_all(zl);
+      gmma_fence(v1);
+      gmma_arrive();
+#pragma unroll
+      for (int b = 2; b < NB; ++b)
+#pragma unroll
+        for (int bj = 2; bj <= b; ++bj) {
+          const std::uint64_t d = gmma_desc_add(dm, 16 * 128 * b + 32 * bj);
+          gmma_rs<T, 16, false>(acc16(b), zl[bj - 2], d, bj > 2);
+          gmma_rs<T, 16, false>(acc16(b), zh[bj - 2], gmma_desc_add(d, m_bytes), true);
+          gmma_rs<T, 16, false>(acc16(b), zh[bj - 2], d, true);
+        }
+      gmma_commit();
+      gmma_wait<0>();
+      gmma_fence(v1);
+      fence_all(zh);
+      fence_all(zl);
+    }
+  }
+
   template <int N>
   __device__ static void fence_all(std::uint32_t (&a)[N][4]) {
 #pragma unroll
@@ -213,6 +304,11 @@ struct WgmmaWalk {
     std::uint32_t xa[NB][4];
     make_x(xa);
     GDNKIT_STEP_MARK(6);
+    if constexpr (kBlockSolve) {
+      block_solve<NB>(vf, kf, xa, gmma_desc(S.mt, 16, 1024));
+      GDNKIT_STEP_MARK(8);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
     const std::uint64_t dm = gmma_desc(S.mt, 16, 1024);

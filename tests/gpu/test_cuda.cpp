@@ -1116,8 +1116,14 @@ TEST_F(Cuda, FusedWalkList) {
         Case split = test::random_case(s);  // the same inputs (same seed), outputs poisoned afresh
         EXPECT_EQ(run_walks(split, own, k), cudaSuccess);
         EXPECT_TRUE(test::written_issues(split).empty()) << test::written_issues(split);
-        EXPECT_EQ(test::gather_o(split), test::gather_o(full)) << "walks split on chunk borders must be bit-identical";
-        EXPECT_EQ(test::gather_state(split), test::gather_state(full)) << "walks split on chunk borders must be bit-identical";
+        if (k->block_solve == plain->block_solve) {
+          EXPECT_EQ(test::gather_o(split), test::gather_o(full)) << "walks split on chunk borders must be bit-identical";
+          EXPECT_EQ(test::gather_state(split), test::gather_state(full))
+              << "walks split on chunk borders must be bit-identical";
+        } else {  // the same math, Vn solved another way: equal within rounding
+          EXPECT_LT(test::rel_l2(test::gather_o(split), test::gather_o(full)), tol_all(dt) / 4);
+          EXPECT_LT(test::rel_l2(test::gather_state(split), test::gather_state(full)), tol_all(dt) / 4);
+        }
         // The variants refuse the wrong kind of call, and a CTA of more walks than it keeps.
         EXPECT_EQ(run_walks(split, own, plain), cudaErrorInvalidValue);
         ASSERT_GT(own.walks.size(), static_cast<std::size_t>(cuda::kCtaWalks));
