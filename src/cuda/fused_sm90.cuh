@@ -6,13 +6,14 @@
 //   aux (warps 0-3)    computes each chunk's record into shared memory up to R - 1 chunks ahead of the
 //                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
-//                      (D_ij = exp(G_i - G_j)), the fp32 inverses of its two 32 x 32 diagonal
-//                      blocks (invert_unit_lower, the prep kernel's, kHalves), and from them Mt's
-//                      diagonal 32 x 32 blocks, Mt = (D .* Tu) diag(beta), as hi + lo, with -C =
-//                      -(K K^T) .* D below them (kBlockSolve: the walk finishes Vn by block
-//                      substitution, docs/math.md), straight into the 128-byte-swizzled tiles the
-//                      walk's wgmma reads. (The walk-list kernels at dk = 128 and 128 columns form
-//                      the whole Mt, as the prep kernel does.)
+//                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
+//                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo, straight into the
+//                      128-byte-swizzled tiles the walk's wgmma reads. In the unsplit 128-column
+//                      kernels (kBlockSolve) only the inverses of its two 32 x 32 diagonal blocks,
+//                      Mt's two diagonal 32 x 32 blocks and -C = -(K K^T) .* D below them: the walk
+//                      finishes Vn by block substitution (docs/math.md). Elsewhere the whole Mt
+//                      (the blocks left of the diagonal from the inverse's registers, the diagonal
+//                      ones from At before the block rows).
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column
@@ -115,8 +116,9 @@
 #define GDNKIT_FUSED_DIAG_PAIRS 1
 #endif
 
-// GDNKIT_FUSED_BLOCK_SOLVE (default 1): the record's inverse stops at Mt's two 32 x 32 diagonal
-// blocks and the walk finishes Vn by block substitution (FusedSm90::kBlockSolve); 0: the whole Mt.
+// GDNKIT_FUSED_BLOCK_SOLVE (default 1): in the unsplit 128-column kernels the record's inverse
+// stops at Mt's two 32 x 32 diagonal blocks and the walk finishes Vn by block substitution
+// (FusedSm90::kBlockSolve); 0: the whole Mt everywhere.
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE
 #define GDNKIT_FUSED_BLOCK_SOLVE 1
 #endif
@@ -143,13 +145,15 @@ struct FusedSm90 {
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
-  // The walk solves each chunk's Vn by block substitution over its two 32-token halves
-  // (GDNKIT_FUSED_BLOCK_SOLVE): the record holds Mt's two 32 x 32 diagonal blocks and, in their
-  // place below them, -C = -(K K^T) .* D, so that the aux's inverse forms 2 of its 12 blocks left of
-  // the diagonal (invert_unit_lower's kHalves).
-  // Not in the 128-column walk-list kernels at dk = 128 (a split's stage 1), whose state
-  // warpgroups then spill (4-72 bytes, per walk, however the code was arranged).
-  static constexpr bool kBlockSolve = GDNKIT_FUSED_BLOCK_SOLVE && !(kWalks_ && DK_ == 128 && DVB_ == 128);
+  // kBlockSolve: the walk solves each chunk's Vn by block substitution over its two 32-token halves
+  // (GDNKIT_FUSED_BLOCK_SOLVE): the record holds Mt's two 32 x 32 diagonal blocks and, below them,
+  // -C = -(K K^T) .* D, so that the aux's inverse forms 2 of the 6 blocks left of its diagonal
+  // (invert_unit_lower's kHalves).
+  // Only in the unsplit 128-column kernels, whose aux sets the step (10-13.5% faster). The
+  // 64-column kernels' one state warpgroup carries the longer chain alone: the pairs measured
+  // 1-3% faster on two instances and 8-15% slower on a third. The walk-list kernels at 128
+  // columns (a split's stage 1) spilled with it (4-72 bytes, per walk, however arranged).
+  static constexpr bool kBlockSolve = GDNKIT_FUSED_BLOCK_SOLVE && DVB_ == 128 && !kWalks_;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
