@@ -510,11 +510,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   };
   // 16 bytes of -C (kBlockSolve) into Mt's tiles, hi + lo: row 32 + p / 4, columns 8 (p % 4) .. + 7
   // of At's bottom-left quarter. (Stored from the A loop's registers instead, the aux spilled.)
-  auto emit_c = [&](int p) {
-    const int r = 32 + p / 4, c = 8 * (p % 4);
-    const float4 x0 = *reinterpret_cast<const float4*>(At + r * LDA + c);
-    const float4 x1 = *reinterpret_cast<const float4*>(At + r * LDA + c + 4);
-    const float v[8] = {-x0.x, -x0.y, -x0.z, -x0.w, -x1.x, -x1.y, -x1.z, -x1.w};
+  // Mt[r][c .. c + 7] = v as hi + lo, one 16-byte piece per tile (c a multiple of 8).
+  auto put_piece = [&](int r, int c, const float (&v)[8]) {
     std::uint32_t wh[4], wl[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -526,6 +523,12 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     *reinterpret_cast<uint4*>(Mh + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
     *reinterpret_cast<uint4*>(Ml + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
   };
+  auto emit_c = [&](int p) {
+    const int r = 32 + p / 4, c = 8 * (p % 4);
+    const float4 x0 = *reinterpret_cast<const float4*>(At + r * LDA + c);
+    const float4 x1 = *reinterpret_cast<const float4*>(At + r * LDA + c + 4);
+    put_piece(r, c, {-x0.x, -x0.y, -x0.z, -x0.w, -x1.x, -x1.y, -x1.z, -x1.w});
+  };
   // Diagonal block bd of Mt: lane l writes row 16 bd + l % 16, columns 16 bd + 8 (l / 16) .. + 7,
   // one 16-byte piece per tile (conflict-free: eight rows of one column piece per quarter warp).
   auto emit_diag = [&](int bd) {
@@ -534,18 +537,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     const float4 x1 = *reinterpret_cast<const float4*>(At + r * LDA + c + 4);
     const float4 b0 = *reinterpret_cast<const float4*>(bs + c);
     const float4 b1 = *reinterpret_cast<const float4*>(bs + c + 4);
-    const float v[8] = {x0.x * b0.x, x0.y * b0.y, x0.z * b0.z, x0.w * b0.w,
-                        x1.x * b1.x, x1.y * b1.y, x1.z * b1.z, x1.w * b1.w};
-    std::uint32_t wh[4], wl[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      wh[q] = pack2<T>(v[2 * q], v[2 * q + 1]);
-      const float2 hf = unpack2<T>(wh[q]);
-      wl[q] = pack2<T>(v[2 * q] - hf.x, v[2 * q + 1] - hf.y);
-    }
-    const std::uint32_t off = swizzle128(r, c / 8);
-    *reinterpret_cast<uint4*>(Mh + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
-    *reinterpret_cast<uint4*>(Ml + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
+    put_piece(r, c, {x0.x * b0.x, x0.y * b0.y, x0.z * b0.z, x0.w * b0.w,
+                     x1.x * b1.x, x1.y * b1.y, x1.z * b1.z, x1.w * b1.w});
   };
   // The beta of the lane's two columns of its warp's blocks (J = 0 for warps 0 and 1, J = 1 and 2
   // for warps 2 and 3), loaded before the block rows: loaded at each block, the warp stalls on them
