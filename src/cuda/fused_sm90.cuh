@@ -151,7 +151,7 @@ struct FusedSm90 {
   // (invert_unit_lower's kHalves).
   // Only in the unsplit 128-column kernels, whose aux sets the step (10-13.5% faster). The
   // 64-column kernels' one state warpgroup carries the longer chain alone: the pairs measured
-  // 1-3% faster on two instances and 8-15% slower on a third. The walk-list kernels at 128
+  // 1-3% faster on two instances and 8-14% slower on a third. The walk-list kernels at 128
   // columns (a split's stage 1) spilled with it (4-72 bytes, per walk, however arranged).
   static constexpr bool kBlockSolve = GDNKIT_FUSED_BLOCK_SOLVE && DVB_ == 128 && !kWalks_;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
@@ -508,8 +508,6 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     *reinterpret_cast<std::uint32_t*>(Mh + off) = hi;
     *reinterpret_cast<std::uint32_t*>(Ml + off) = pack2<T>(v0 - hf.x, v1 - hf.y);
   };
-  // 16 bytes of -C (kBlockSolve) into Mt's tiles, hi + lo: row 32 + p / 4, columns 8 (p % 4) .. + 7
-  // of At's bottom-left quarter. (Stored from the A loop's registers instead, the aux spilled.)
   // Mt[r][c .. c + 7] = v as hi + lo, one 16-byte piece per tile (c a multiple of 8).
   auto put_piece = [&](int r, int c, const float (&v)[8]) {
     std::uint32_t wh[4], wl[4];
@@ -523,6 +521,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     *reinterpret_cast<uint4*>(Mh + off) = make_uint4(wh[0], wh[1], wh[2], wh[3]);
     *reinterpret_cast<uint4*>(Ml + off) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
   };
+  // 16 bytes of -C (kBlockSolve) into Mt's tiles, hi + lo: row 32 + p / 4, columns 8 (p % 4) .. + 7
+  // of At's bottom-left quarter. (Stored from the A loop's registers instead, the kernel spilled.)
   auto emit_c = [&](int p) {
     const int r = 32 + p / 4, c = 8 * (p % 4);
     const float4 x0 = *reinterpret_cast<const float4*>(At + r * LDA + c);
@@ -543,7 +543,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   // The beta of the lane's two columns of its warp's blocks (J = 0 for warps 0 and 1, J = 1 and 2
   // for warps 2 and 3), loaded before the block rows: loaded at each block, the warp stalls on them
   // there, in its chain of products (1-2% of the step). Not in the walk-list kernels, where the two
-  // registers cost spills.
+  // registers cost spills, nor with kBlockSolve (one strip per warp; with them it spilled too).
   constexpr bool kBetaFirst = !F::kWalks && !F::kBlockSolve;
   float2 bcol[2] = {};
   auto emit_block = [&](int I, int J, int nt, const float (&o)[4]) {
