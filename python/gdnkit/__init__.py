@@ -49,6 +49,11 @@ def _namespace(x):
     raise TypeError(f"expected a torch tensor, a NumPy array or an array-API array, got {type(x).__name__}")
 
 
+def _astype(xp, x, dtype):
+    """x in dtype: the array API's function (NumPy 1.x has only the method)."""
+    return x.astype(dtype) if xp is _np else xp.astype(x, dtype)
+
+
 def _l2norm(x, name):
     """FLA's l2norm of the last dim: x / sqrt(sum(x^2) + 1e-6) in float32, back in x's dtype."""
     xp = _namespace(x)
@@ -57,8 +62,8 @@ def _l2norm(x, name):
         return (xf * xf.square().sum(-1, keepdim=True).add_(1e-6).rsqrt_()).to(x.dtype)
     if x.ndim < 1:
         raise ValueError(f"{name}: expected a tensor with a last dim to normalise, got a 0-d array")
-    xf = x.astype(xp.float32)
-    return (xf / xp.sqrt(xp.sum(xf * xf, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+    xf = _astype(xp, x, xp.float32)
+    return _astype(xp, xf / xp.sqrt(xp.sum(xf * xf, axis=-1, keepdims=True) + 1e-6), x.dtype)
 
 
 def _sigmoid(x, times):
@@ -66,7 +71,7 @@ def _sigmoid(x, times):
     xp = _namespace(x)
     if xp is _sys.modules.get("torch"):
         return x.float().sigmoid() * times
-    xf = x.astype(xp.float32)
+    xf = _astype(xp, x, xp.float32)
     return times / (1 + xp.exp(-xf))
 
 
@@ -76,10 +81,72 @@ def _gdn_gate(g, A_log, dt_bias):
     if xp is _sys.modules.get("torch"):
         x = g.float() if dt_bias is None else g.float() + dt_bias.float()
         return -A_log.float().exp() * _sys.modules["torch"].nn.functional.softplus(x)
-    x = g.astype(xp.float32)
+    x = _astype(xp, g, xp.float32)
     if dt_bias is not None:
-        x = x + dt_bias.astype(xp.float32)
-    return -xp.exp(A_log.astype(xp.float32)) * xp.logaddexp(x, xp.zeros_like(x))
+        x = x + _astype(xp, dt_bias, xp.float32)
+    return -xp.exp(_astype(xp, A_log, xp.float32)) * xp.logaddexp(x, xp.zeros_like(x))
+
+
+def _as_float32(x):
+    """x as float32 where it holds another floating dtype (FLA takes bfloat16 gates and states),
+    else x itself (other dtypes reach the binding, which names them)."""
+    dt = x.dtype
+    for f in _FLOAT32:
+        if dt is f:
+            return x
+    if getattr(x, "is_cuda", None) is not None:  # torch
+        f32 = _sys.modules["torch"].float32
+        if f32 not in _FLOAT32:
+            _FLOAT32.append(f32)
+        return x if not x.dtype.is_floating_point or x.dtype == f32 else x.float()
+    if isinstance(x, _ndarray):
+        return x if x.dtype.kind != "f" or x.dtype == _np.float32 else x.astype(_np.float32)
+    xp = _namespace(x)
+    if xp.isdtype(x.dtype, "real floating") and x.dtype != xp.float32:
+        return xp.astype(x, xp.float32)
+    return x
+
+
+_LAYOUT_WORDS = ("stride", "contiguous", "aligned")
+_FLOAT32 = [_np.dtype(_np.float32)]  # float32 dtype objects, compared by identity (torch's joins on first use)
+
+
+def _dense(x):
+    """x, or a dense copy where its layout is one the kernels cannot read (strides, alignment)."""
+    if getattr(x, "is_cuda", None) is not None:  # torch
+        if not x.is_contiguous():
+            return x.contiguous()
+        return x if x.data_ptr() % 16 == 0 else x.clone()
+    if isinstance(x, _ndarray):
+        return x if x.flags.c_contiguous and x.ctypes.data % 16 == 0 else _np.array(x, order="C")
+    return x  # array-API arrays: no portable way to ask for a copy in a given layout
+
+
+_forward_only = None
+
+
+def _forward_only_fn():
+    """A torch autograd function around the call: its outputs join the caller's graph, and a
+    backward through them raises (gdnkit computes the forward pass only) rather than leaving the
+    inputs without their share of the gradient."""
+    global _forward_only
+    if _forward_only is None:
+        torch = _sys.modules["torch"]
+
+        class ForwardOnly(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, run, *inputs):
+                return run()
+
+            @staticmethod
+            def backward(ctx, *grads):
+                raise RuntimeError(
+                    "gdnkit.chunk_gated_delta_rule: expected no backward pass (gdnkit computes the forward "
+                    "pass only), got a backward through its output; train with FLA's chunk_gated_delta_rule, "
+                    "or call gdnkit under torch.no_grad() / on detached inputs")
+
+        _forward_only = ForwardOnly
+    return _forward_only
 
 
 def chunk_gated_delta_rule(
@@ -104,6 +171,8 @@ def chunk_gated_delta_rule(
     dt_bias=None,
     head_first=False,
     cp_context=None,
+    chunk_size=64,
+    transpose_state_layout=None,
     gate="log",
     state_layout="kv",
     validate=False,
@@ -124,11 +193,12 @@ def chunk_gated_delta_rule(
         k: ``[.., Hk, dk]``, q's dtype.
         v: ``[.., Hv, dv]``, q's dtype. Heads: MHA (Hq = Hk = Hv), GVA (Hq = Hk, Hv = r*Hq) or
             GQA (Hk = Hv, Hq = r*Hv); H = max(Hq, Hv) output heads.
-        g: ``[.., H]`` float32 gates (log space, or alpha itself with ``gate="linear"``); None: no decay.
+        g: ``[.., H]`` gates (log space, or alpha itself with ``gate="linear"``), float32 (another
+            floating dtype is converted first, as FLA does); None: no decay.
         beta: ``[.., H]`` float32, float16 or bfloat16; None: beta = 1.
         scale: output scale; None: dk ** -0.5.
         initial_state: ``[N, H, dk, dv]`` (``state_layout="kv"``) or ``[N, H, dv, dk]`` ("vk"),
-            float32, C-contiguous; None: zeros.
+            float32 (another floating dtype is converted first); None: zeros.
         output_final_state: also return the state after each sequence's last token.
         cu_seqlens: ``[N+1]`` int32 or int64 sequence boundaries, on q's device.
         gate: ``"log"`` (g = log alpha, FLA) or ``"linear"`` (g = alpha, flashinfer).
@@ -154,7 +224,10 @@ def chunk_gated_delta_rule(
             softplus(g + dt_bias)), not fused into it yet: each costs a pass over its tensors. ``state_v_first=True`` is
             ``state_layout="vk"``. ``cu_seqlens_cpu`` (a host copy of cu_seqlens) gives the planner
             the longest length (``max_seq_len``). ``chunk_indices`` is accepted and not needed.
-            ``head_first=True`` and ``cp_context`` are refused (ValueError).
+            ``head_first=True`` and ``cp_context`` are refused (ValueError). ``chunk_size`` (16, 32
+            or 64) is checked as FLA does and otherwise ignored: the kernels work in 64-token
+            chunks, and other chunk sizes differ only by rounding. ``transpose_state_layout`` is
+            FLA's old name of ``state_v_first``.
         max_seq_len: optional hint, the longest sequence's length (C++ ``Problem::max_seq_len``):
             lets the CUDA planner split a batch whose longest sequence is far above the mean.
             Any value in [0, T] gives correct results; 0 or None: unknown (the planner then also
@@ -169,10 +242,14 @@ def chunk_gated_delta_rule(
     current stream), on q's device; outputs and scratch come from that framework's allocator on
     that stream, so the call is asynchronous like any other kernel launch.
 
-    Every tensor's last dim must be contiguous; token and head strides may be anything positive
-    (views into a fused projection are fine). A 4-D ``[B, T, ...]`` tensor must also flatten to
-    ``B*T`` tokens: its batch stride must be T times its token stride (``x[:, :t]`` of a longer
-    batch is not; make such a slice contiguous).
+    Tensors are read in place where their layout allows: a contiguous last dim, positive token
+    and head strides (views into a fused projection are fine), a 4-D ``[B, T, ...]`` tensor whose
+    batch stride is T times its token stride, a C-contiguous initial_state; on CUDA also token and
+    head strides that are multiples of 8 elements and 16-byte aligned data, and dk, dv of 64 or 128
+    (the CPU backend takes any). A tensor with another layout (``x[:, :t]`` of a longer batch,
+    ``expand``-ed heads, a transposed view) is copied to a dense one first, as FLA's functions
+    make every input contiguous: such a call costs the copy. A torch input that requires grad
+    gives outputs whose backward raises (gdnkit computes the forward pass only).
 
     Returns:
         ``(o, final_state)``: o ``[.., H, dv]`` in q's dtype; final_state float32 in the state
@@ -185,6 +262,13 @@ def chunk_gated_delta_rule(
     """
     if head_first:
         raise ValueError("head_first: expected False (tensors [B, T, H, D] or [T, H, D]), got True")
+    if chunk_size not in (16, 32, 64):  # as FLA; gdnkit's kernels always work in 64-token chunks
+        raise ValueError(f"chunk_size: expected 16, 32 or 64, got {chunk_size!r}")
+    if transpose_state_layout is not None:  # FLA's deprecated name of state_v_first
+        if state_v_first:
+            raise ValueError("transpose_state_layout: expected None with state_v_first=True (it is the old "
+                             f"name of state_v_first), got {transpose_state_layout!r}")
+        state_v_first = bool(transpose_state_layout)
     if cp_context is not None:
         raise ValueError("cp_context: expected None (gdnkit splits sequences within one GPU by itself: "
                          "segments), got a context")
@@ -198,8 +282,14 @@ def chunk_gated_delta_rule(
             raise ValueError("beta: expected a tensor with use_beta_sigmoid_in_kernel=True, got None")
         beta = _sigmoid(beta, 2.0 if allow_neg_eigval else 1.0)
     if use_gate_in_kernel:
-        if g is None or A_log is None:
-            raise ValueError("A_log: expected a tensor [H] with use_gate_in_kernel=True (and g), got None")
+        for name, x in (("g", g), ("A_log", A_log)):
+            if x is None:
+                raise ValueError(f"{name}: expected a tensor with use_gate_in_kernel=True, got None")
+        H = v.shape[-2] if len(v.shape) >= 2 else None
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is not None and tuple(x.shape) != (H,):
+                raise ValueError(f"{name}: expected shape ({H},) (one value per value head) with "
+                                 f"use_gate_in_kernel=True, got {tuple(x.shape)}")
         if gate != "log":
             raise ValueError(f"gate: expected 'log' with use_gate_in_kernel=True (it forms log-space gates), "
                              f"got {gate!r}")
@@ -209,7 +299,40 @@ def chunk_gated_delta_rule(
     if cu_seqlens_cpu is not None and max_seq_len is None:
         lens = _np.diff(_np.asarray(cu_seqlens_cpu))
         if lens.size:
+            if (lens < 0).any() or int(_np.asarray(cu_seqlens_cpu)[0]) != 0:
+                raise ValueError("cu_seqlens_cpu: expected a host copy of cu_seqlens (0 first, non-decreasing), got "
+                                 f"{_np.asarray(cu_seqlens_cpu).tolist()[:8]}")
             max_seq_len = int(lens.max())
+    if g is not None:
+        g = _as_float32(g)
+    if initial_state is not None:
+        initial_state = _as_float32(initial_state)
     stream = 0 if type(q) is _ndarray else _current_stream(q)
-    return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                    gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
+    options = (gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
+    torch = _sys.modules.get("torch")
+    if torch is not None and torch.is_grad_enabled():
+        args = (q, k, v, g, beta, initial_state)
+        grads = [x for x in args if getattr(x, "requires_grad", False)]
+        if grads:
+            detached = [x.detach() if getattr(x, "requires_grad", False) else x for x in args]
+            return _forward_only_fn().apply(
+                lambda: _forward_dense(detached, scale, output_final_state, cu_seqlens, options), *grads)
+    try:
+        return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, *options)
+    except ValueError as e:
+        # A layout the kernels cannot read (FLA makes every input contiguous first): once more on
+        # dense copies of the tensors that are not dense. Other errors stand.
+        if not any(w in str(e) for w in _LAYOUT_WORDS):
+            raise
+        args = (q, k, v, g, beta, initial_state)
+        dense = [None if x is None else _dense(x) for x in args]
+        if all(a is b for a, b in zip(dense, args)):
+            raise
+    return _forward_dense(dense, scale, output_final_state, cu_seqlens, options)
+
+
+def _forward_dense(args, scale, output_final_state, cu_seqlens, options):
+    """The binding's call on args = (q, k, v, g, beta, initial_state), each dense where its layout
+    is one the kernels cannot read in place."""
+    q, k, v, g, beta, h0 = (None if x is None else _dense(x) for x in args)
+    return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, *options)

@@ -492,16 +492,16 @@ BAD = {
                      "k: expected dtype float16 like q, got float32"),
     "v dtype != q": (_base, lambda a: a.update(v=a["v"].astype(np.float64)), TypeError,
                      "v: expected dtype float16 like q, got float64"),
-    "g float16": (_base, lambda a: a.update(g=a["g"].astype(np.float16)), TypeError,
-                  "g: expected dtype float32, got float16"),
+    "g int32": (_base, lambda a: a.update(g=a["g"].astype(np.int32)), TypeError,
+                "g: expected dtype float32, got int32"),
     "beta int32": (_base, lambda a: a.update(beta=a["beta"].astype(np.int32)), TypeError,
                    "beta: expected dtype float32, float16 or bfloat16, got int32"),
     "cu_seqlens float": (_base, lambda a: a.update(cu_seqlens=np.array([0.0, 64.0])), TypeError,
                          "cu_seqlens: expected dtype int32 or int64, got float64"),
     "cu_seqlens uint32": (_base, lambda a: a.update(cu_seqlens=np.array([0, 64], np.uint32)),
                           TypeError, "cu_seqlens: expected dtype int32 or int64, got uint32"),
-    "initial_state float64": (_base, lambda a: a.update(initial_state=np.zeros((1, 2, 32, 32))),
-                              TypeError, "initial_state: expected dtype float32, got float64"),
+    "initial_state int32": (_base, lambda a: a.update(initial_state=np.zeros((1, 2, 32, 32), np.int32)),
+                            TypeError, "initial_state: expected dtype float32, got int32"),
     # argument types
     "q list": (_base, lambda a: a.update(q=[[[0.0]]]), TypeError,
                "q: expected a DLPack-capable tensor (NumPy array, torch tensor, ...), got list"),
@@ -551,20 +551,24 @@ BAD = {
                                                           state_layout="vk"),
                                ValueError, "initial_state: expected shape [N, H, dv, dk] = (2, 2, 32, 32) "
                                "for state_layout='vk', got (2, 2, 32, 16)"),
-    "initial_state strided": (_base, lambda a: a.update(
-        initial_state=np.zeros((1, 2, 32, 32), np.float32).transpose(0, 1, 3, 2)), ValueError,
-        "initial_state: expected a C-contiguous tensor, got strides"),
-    # strides
-    "q last dim strided": (_base, lambda a: a.update(q=np.repeat(a["q"], 2, axis=-1)[..., ::2]), ValueError,
-                           "q: expected a contiguous last dim (stride 1), got stride 2"),
-    "k negative token stride": (_base, lambda a: a.update(k=a["k"][::-1]), ValueError,
-                                "k: expected a positive token stride, got -64"),
-    "g broadcast": (_base, lambda a: a.update(g=np.broadcast_to(a["g"][:1], (64, 2))), ValueError,
-                    "g: expected a positive token stride, got 0"),
-    "beta broadcast heads": (_base, lambda a: a.update(beta=np.broadcast_to(a["beta"][:, :1], (64, 2))),
-                             ValueError, "beta: expected a positive head stride, got 0"),
-    "q batch not flattenable": (_base4, lambda a: a.update(q=np.concatenate([a["q"], a["q"]], axis=1)[:, :32]),
-                                ValueError, "q: expected a batch stride of T * token stride = 2048"),
+    "cu_seqlens_cpu decreasing": (_base, lambda a: a.update(cu_seqlens=np.array([0, 64], np.int32),
+                                                            cu_seqlens_cpu=np.array([0, 40, 30, 64])), ValueError,
+                                  "cu_seqlens_cpu: expected a host copy of cu_seqlens (0 first, non-decreasing)"),
+    # FLA's keywords
+    "chunk_size": (_base, lambda a: a.update(chunk_size=128), ValueError, "chunk_size: expected 16, 32 or 64, got 128"),
+    "transpose_state_layout and state_v_first": (_base, lambda a: a.update(transpose_state_layout=True,
+                                                                           state_v_first=True), ValueError,
+                                                 "transpose_state_layout: expected None with state_v_first=True"),
+    "gate in kernel without g": (_base, lambda a: a.update(g=None, use_gate_in_kernel=True,
+                                                           A_log=np.zeros(2, np.float32)), ValueError,
+                                 "g: expected a tensor with use_gate_in_kernel=True, got None"),
+    "gate in kernel without A_log": (_base, lambda a: a.update(use_gate_in_kernel=True), ValueError,
+                                     "A_log: expected a tensor with use_gate_in_kernel=True, got None"),
+    "A_log heads": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(3, np.float32)), ValueError,
+                    "A_log: expected shape (2,) (one value per value head) with use_gate_in_kernel=True, got (3,)"),
+    "dt_bias heads": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(2, np.float32),
+                                                dt_bias=np.zeros(1, np.float32)), ValueError,
+                      "dt_bias: expected shape (2,) (one value per value head) with use_gate_in_kernel=True, got (1,)"),
     # options
     "gate": (_base, lambda a: a.update(gate="exp"), ValueError, "gate: expected 'log' or 'linear', got 'exp'"),
     "state_layout": (_base, lambda a: a.update(state_layout="kk"), ValueError,
@@ -588,8 +592,8 @@ BAD = {
     "q big-endian": (_base, lambda a: a.update(q=a["q"].astype(">f2")), TypeError,
                      "q: expected a NumPy array of native byte order, a supported dtype and strides in whole "
                      "elements, got dtype >f2"),
-    "g big-endian": (_base, lambda a: a.update(g=a["g"].astype(">f4")), TypeError,
-                     "g: expected a NumPy array of native byte order"),
+    "beta big-endian": (_base, lambda a: a.update(beta=a["beta"].astype(">f4")), TypeError,
+                        "beta: expected a NumPy array of native byte order"),
     # head counts that do not fit a C int are refused, not truncated
     "q batch of 0": (_base4, lambda a: a.update(q=a["q"][:0], k=a["k"][:0], v=a["v"][:0], g=a["g"][:0],
                                                 beta=a["beta"][:0]), ValueError,
@@ -598,6 +602,60 @@ BAD = {
         a["q"], (64, 2**32 + 2, 32), (a["q"].strides[0], 2, 2))), ValueError,
         "q: expected at most 2^31-1 heads, got 4294967298"),
 }
+
+
+# Layouts the kernels cannot read in place: copied to dense tensors first (as FLA's input_guard
+# does), the result that of the dense call.
+COPIED = {
+    "initial_state transposed": (_base, lambda a: a.update(
+        initial_state=np.ascontiguousarray(np.random.default_rng(3).standard_normal((1, 2, 32, 32)).astype(np.float32)
+                                           .transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2))),
+    "q last dim strided": (_base, lambda a: a.update(q=np.repeat(a["q"], 2, axis=-1)[..., ::2])),
+    "k negative token stride": (_base, lambda a: a.update(k=np.ascontiguousarray(a["k"][::-1])[::-1])),
+    "g broadcast": (_base, lambda a: a.update(g=np.broadcast_to(a["g"][:1], (64, 2)))),
+    "beta broadcast heads": (_base, lambda a: a.update(beta=np.broadcast_to(a["beta"][:, :1], (64, 2)))),
+    "q batch not flattenable": (_base4, lambda a: a.update(q=np.concatenate([a["q"], a["q"]], axis=1)[:, :32])),
+    "v misaligned": (_base, lambda a: a.update(v=np.frombuffer(
+        np.concatenate([np.zeros(1, np.float16), a["v"].ravel()]).tobytes(), np.float16, offset=2).reshape(64, 2, 32))),
+}
+
+
+@pytest.mark.parametrize("case", list(COPIED), ids=list(COPIED))
+def test_layout_copied(rng, case):
+    make, mutate = COPIED[case]
+    args = make(rng)
+    mutate(args)
+    args["output_final_state"] = True
+    dense = {k: np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x for k, x in args.items()}
+    assert any(not (isinstance(x, np.ndarray) and x.flags.c_contiguous) for x in args.values()) or case == "v misaligned"
+    o, st = gdnkit.chunk_gated_delta_rule(**args)
+    o_d, st_d = gdnkit.chunk_gated_delta_rule(**dense)
+    assert np.array_equal(o, o_d) and np.array_equal(st, st_d)
+    B, T = (1, o.shape[0]) if o.ndim == 3 else o.shape[:2]
+    packed = [np.asarray(dense[n], np.float64).reshape((B * T,) + dense[n].shape[o.ndim - 2:])
+              for n in ("q", "k", "v", "g", "beta")]
+    ro, rs = reference(*packed, None, dense.get("initial_state"), np.arange(B + 1) * T)
+    assert_o_close(o.astype(np.float64).reshape(ro.shape), ro)
+    assert_state_close(st, rs)
+
+
+def test_gate_and_state_dtypes_converted(rng):
+    # FLA takes gates and initial states of any floating dtype (its kernels read them as float32).
+    q, k, v, g, beta = _small(rng)
+    h0 = rng.standard_normal((1, 2, q.shape[-1], v.shape[-1])).astype(np.float16)
+    o, st = gdnkit.chunk_gated_delta_rule(q, k, v, g.astype(np.float16), beta, initial_state=h0,
+                                          output_final_state=True)
+    o32, st32 = gdnkit.chunk_gated_delta_rule(q, k, v, g.astype(np.float16).astype(np.float32), beta,
+                                              initial_state=h0.astype(np.float32), output_final_state=True)
+    assert st.dtype == np.float32 and np.array_equal(o, o32) and np.array_equal(st, st32)
+
+
+def test_fla_chunk_size_and_old_state_name(rng):
+    q, k, v, g, beta = _small(rng)
+    o, st = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, state_v_first=True)
+    for kw in (dict(chunk_size=16, state_v_first=True), dict(chunk_size=32, transpose_state_layout=True)):
+        o2, st2 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, **kw)
+        assert np.array_equal(o, o2) and np.array_equal(st, st2)
 
 
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
@@ -665,7 +723,7 @@ def test_fla_keywords_match_their_formulas(rng):
 @pytest.mark.parametrize("kw, exc, message", [
     (dict(head_first=True), ValueError, "head_first: expected False"),
     (dict(cp_context=object()), ValueError, "cp_context: expected None"),
-    (dict(use_gate_in_kernel=True), ValueError, "A_log: expected a tensor [H] with use_gate_in_kernel=True"),
+    (dict(use_gate_in_kernel=True), ValueError, "A_log: expected a tensor with use_gate_in_kernel=True, got None"),
     (dict(use_gate_in_kernel=True, A_log=np.zeros(2, np.float32), gate="linear"), ValueError,
      "gate: expected 'log' with use_gate_in_kernel=True"),
     (dict(allow_neg_eigval=True), ValueError, "allow_neg_eigval: expected use_beta_sigmoid_in_kernel=True"),
@@ -832,8 +890,9 @@ def test_torch_bad_input(rng, torch):
         gdnkit.chunk_gated_delta_rule(q.float(), q, q)
     with pytest.raises(TypeError, match="k: expected dtype float16 like q, got bfloat16"):
         gdnkit.chunk_gated_delta_rule(q, q.bfloat16(), q)
-    with pytest.raises(ValueError, match=r"v: expected a contiguous last dim \(stride 1\), got stride 2"):
-        gdnkit.chunk_gated_delta_rule(q, q, torch.zeros(8, 2, 32, dtype=torch.float16)[..., ::2])
+    v_strided = torch.randn(8, 2, 32).half()[..., ::2]  # read through a dense copy
+    assert torch.equal(gdnkit.chunk_gated_delta_rule(q, q, v_strided)[0],
+                       gdnkit.chunk_gated_delta_rule(q, q, v_strided.contiguous())[0])
     with pytest.raises(ValueError, match=r"g: expected H=max\(Hq, Hv\)=2 heads, got 3"):
         gdnkit.chunk_gated_delta_rule(q, q, q, torch.zeros(8, 3))
     with pytest.raises(ValueError, match=r"cu_seqlens\[1\]: expected total_tokens=8, got 7"):
@@ -844,18 +903,45 @@ def test_torch_bad_input(rng, torch):
 
 
 def test_torch_requires_grad(rng, torch):
-    """gdnkit is forward-only: a tensor that requires grad is read as data (torch versions whose
-    DLPack export refuses such tensors get a ValueError that says so), and o has no grad_fn."""
-    q = torch.full((8, 1, 16), 0.25, dtype=torch.float16, requires_grad=True)
+    """gdnkit is forward-only: with inputs that require grad the forward runs and its outputs join
+    the graph, but a backward through them raises instead of leaving the inputs without their share
+    of the gradient. Under no_grad (and on detached inputs) the outputs are plain tensors."""
+    x = torch.randn(8, 1, 16, requires_grad=True)
+    q = (0.25 * x).half()  # derived from a leaf that requires grad
     k = torch.full((8, 1, 16), 0.25, dtype=torch.float16)
-    try:
-        o, _ = gdnkit.chunk_gated_delta_rule(q, k, k)
-    except ValueError as e:
-        assert "q: expected a tensor that does not require grad" in str(e)
-        o, _ = gdnkit.chunk_gated_delta_rule(q.detach(), k, k)
-    assert tuple(o.shape) == (8, 1, 16) and not o.requires_grad
-    o2, _ = gdnkit.chunk_gated_delta_rule(q.detach(), k, k)
-    assert torch.equal(o, o2)
+    g = torch.full((8, 1), -0.1, requires_grad=True)
+    o, st = gdnkit.chunk_gated_delta_rule(q, k, k, g, output_final_state=True)
+    o2, st2 = gdnkit.chunk_gated_delta_rule(q.detach(), k, k, g.detach(), output_final_state=True)
+    assert tuple(o.shape) == (8, 1, 16) and torch.equal(o.detach(), o2) and torch.equal(st.detach(), st2)
+    assert o.requires_grad and not o2.requires_grad
+    with pytest.raises(RuntimeError, match="gdnkit.chunk_gated_delta_rule: expected no backward pass"):
+        (o.float().sum() + x.sum()).backward()
+    with torch.no_grad():
+        o3, _ = gdnkit.chunk_gated_delta_rule(q, k, k, g)
+    assert not o3.requires_grad and torch.equal(o3, o2)
+    o4, none = gdnkit.chunk_gated_delta_rule(q, k, k, g)  # no final state: None passes through
+    assert none is None and o4.requires_grad
+
+
+def test_torch_fla_doc_example_dtypes(rng, torch):
+    """FLA's docstring example: bfloat16 gates and a bfloat16 initial state, converted to float32."""
+    F = torch.nn.functional
+    T, H, K = 40, 2, 32
+    q = torch.randn(1, T, H, K, dtype=torch.bfloat16)
+    k = F.normalize(torch.randn(1, T, H, K, dtype=torch.bfloat16), p=2, dim=-1)
+    v = torch.randn(1, T, H, K, dtype=torch.bfloat16)
+    beta = torch.rand(1, T, H, dtype=torch.bfloat16).sigmoid()
+    g = F.logsigmoid(torch.rand(1, T, H, dtype=torch.bfloat16))
+    h0 = torch.randn(1, H, K, K, dtype=torch.bfloat16)
+    o, ht = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o32, ht32 = gdnkit.chunk_gated_delta_rule(q, k, v, g.float(), beta, initial_state=h0.float(),
+                                              output_final_state=True)
+    assert ht.dtype == torch.float32 and torch.equal(o, o32) and torch.equal(ht, ht32)
+    # a transposed view of v's heads (FLA makes it contiguous): copied, same result
+    vt = v.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not vt.is_contiguous()
+    o_t, _ = gdnkit.chunk_gated_delta_rule(q, k, vt, g, beta, initial_state=h0)
+    assert torch.equal(o_t, o)
 
 
 # CUDA (torch or CuPy on a machine with a GPU). The CUDA backend computes the chunk products on
