@@ -1,5 +1,7 @@
 // Host planning: metadata checks, defaults, backend choice. No kernel code here.
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -49,9 +51,11 @@ void check_no_overlap(const char* name, Strides s, std::int64_t tokens, int head
   if (a.stride < dim)
     fail(Error::Kind::invalid_value, std::string(name) + "." + a.what + " stride",
          "at least the head dim " + str(dim) + " (rows must not overlap)", str(a.stride));
-  if (b.extent > 1 && b.stride < a.stride * a.extent)
+  std::int64_t covered = 0;  // a.stride * a.extent, or more than any stride where that overflows
+  if (__builtin_mul_overflow(a.stride, a.extent, &covered)) covered = INT64_MAX;
+  if (b.extent > 1 && b.stride < covered)
     fail(Error::Kind::invalid_value, std::string(name) + "." + b.what + " stride",
-         "at least " + str(a.stride * a.extent) + " (rows must not overlap)", str(b.stride));
+         "at least " + str(covered) + " (rows must not overlap)", str(b.stride));
 }
 
 }  // namespace
@@ -251,11 +255,75 @@ void check_pointers(const Problem& p, const Tensors& t) {
   if (p.want_final_state) require(t.final_state, "final_state", "want_final_state");
 }
 
+// The bytes a tensor of run() may touch: [begin, end) (empty for a null pointer or no elements);
+// for a token-strided one also its rows: `row` bytes every `period` bytes from begin.
+struct Span {
+  const char* name;
+  std::uintptr_t begin = 0, end = 0;
+  std::uintptr_t period = 0, row = 0;  // 0: dense
+};
+Span span(const char* name, const void* ptr, std::int64_t elems_to_last, std::size_t elem_bytes) {
+  if (ptr == nullptr || elems_to_last <= 0) return {name};
+  const auto b = reinterpret_cast<std::uintptr_t>(ptr);
+  return {name, b, b + static_cast<std::uintptr_t>(elems_to_last) * elem_bytes};
+}
+// [T, heads, dim] with strides s (elements of elem_bytes).
+Span span(const char* name, const void* ptr, const Strides& s, std::int64_t T, int heads, int dim,
+          std::size_t elem_bytes) {
+  const std::int64_t row = static_cast<std::int64_t>(heads - 1) * s.head + dim;
+  Span a = span(name, ptr, T == 0 ? 0 : (T - 1) * s.token + row, elem_bytes);
+  if (T > 1 && row <= s.token) a.period = s.token * elem_bytes, a.row = row * elem_bytes;
+  return a;
+}
+// Whether two spans share a byte. Rows of one period interleaved with each other's (views into
+// one fused buffer) do not.
+bool overlap(const Span& a, const Span& b) {
+  if (!(a.begin < b.end && b.begin < a.end)) return false;
+  if (a.period == 0 || a.period != b.period) return true;
+  const Span& lo = a.begin <= b.begin ? a : b;
+  const Span& hi = a.begin <= b.begin ? b : a;
+  const std::uintptr_t d = (hi.begin - lo.begin) % a.period;  // hi's rows start d into lo's periods
+  return !(d >= lo.row && d + hi.row <= a.period);
+}
+std::string range_str(const Span& a) {
+  std::ostringstream s;
+  s << "[0x" << std::hex << a.begin << ", 0x" << a.end << ")";
+  return s.str();
+}
+
+// What Tensors promises (gdnkit.h): no output overlaps an input, another output or the workspace,
+// except final_state == initial_state exactly (an in-place update). Address arithmetic only.
+void check_no_aliasing(const Problem& p, const Shape& s, const Tensors& t, const void* ws, std::size_t ws_bytes) {
+  const std::size_t e = dtype_size(p.qkv_dtype);
+  const std::int64_t states = s.N * s.H * s.state_elems();
+  const Span q = span("q", t.q, s.q, s.T, s.Hq, s.dk, e);
+  const Span k = span("k", t.k, s.k, s.T, s.Hk, s.dk, e);
+  const Span v = span("v", t.v, s.v, s.T, s.Hv, s.dv, e);
+  const Span g = span("g", p.has_gate ? t.g : nullptr, s.g, s.T, s.H, 1, 4);
+  const Span beta = span("beta", p.has_beta ? t.beta : nullptr, s.beta, s.T, s.H, 1, dtype_size(p.beta_dtype));
+  const Span cu = span("cu_seqlens", p.has_cu_seqlens ? t.cu_seqlens : nullptr, s.N + 1,
+                       dtype_size(p.cu_seqlens_dtype));
+  const Span h0 = span("initial_state", p.has_initial_state ? t.initial_state : nullptr, states, 4);
+  const Span o = span("o", t.o, s.o, s.T, s.H, s.dv, e);
+  const Span ht = span("final_state", p.want_final_state ? t.final_state : nullptr, states, 4);
+  const Span w = span("workspace", ws, static_cast<std::int64_t>(ws_bytes), 1);
+  const auto check = [](const Span& out, const Span& other) {
+    if (overlap(out, other))
+      fail(Error::Kind::invalid_value, out.name, std::string("no overlap with ") + other.name + " " + range_str(other),
+           range_str(out));
+  };
+  for (const Span* x : {&q, &k, &v, &g, &beta, &cu, &h0, &ht, &w}) check(o, *x);
+  for (const Span* x : {&q, &k, &v, &g, &beta, &cu, &w}) check(ht, *x);
+  if (!(ht.begin == h0.begin && ht.end == h0.end)) check(ht, h0);
+  for (const Span* x : {&q, &k, &v, &g, &beta, &cu, &h0}) check(w, *x);
+}
+
 }  // namespace
 
 void Plan::run(const Tensors& t, void* workspace, std::size_t bytes, Stream stream) const {
   const PlanImpl& P = *impl_;
   check_pointers(P.problem, t);
+  check_no_aliasing(P.problem, P.shape, t, workspace, P.workspace);
   if (bytes < P.workspace)
     fail(Error::Kind::invalid_value, "workspace_bytes", "at least " + std::to_string(P.workspace),
          std::to_string(bytes));
@@ -297,13 +365,15 @@ void Plan::validate(const Tensors& t, Stream stream) const {
   for (std::int64_t i = 0; i < s.T; ++i)
     for (int h = 0; h < s.H; ++h) {
       const float x = g[i * s.g.token + h * s.g.head];
-      // -inf is a full decay in log space (common/gate.h), as 0 is in linear space.
-      const bool ok = p.gate_space == GateSpace::log ? (std::isfinite(x) || x < 0.0f) : (std::isfinite(x) && x >= 0.0f);
+      // A decay: log gates <= 0 (-inf a full decay, common/gate.h), linear gates in [0, 1]. A growing
+      // gate overflows the chunk's cumulative decay exp(G) once G passes ~88, although the recurrence
+      // itself may stay finite.
+      const bool ok = p.gate_space == GateSpace::log ? x <= 0.0f : (x >= 0.0f && x <= 1.0f);
       if (!ok) {
         std::ostringstream where;
         where << "g[" << i << ", " << h << "]";
         fail(Error::Kind::invalid_value, where.str(),
-             p.gate_space == GateSpace::log ? "a finite log-space gate or -inf" : "a finite linear gate >= 0",
+             p.gate_space == GateSpace::log ? "a log-space gate <= 0 (or -inf)" : "a linear gate in [0, 1]",
              std::to_string(x));
       }
     }

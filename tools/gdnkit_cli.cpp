@@ -8,12 +8,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <random>
 #include <string>
@@ -70,13 +74,28 @@ struct Args {
   std::exit(msg ? 2 : 0);
 }
 
-std::vector<std::int64_t> parse_list(const char* s) {
+// An integer in [lo, hi] at the start of s (the whole of s unless `rest` takes what follows); any
+// other text is a usage error that names the flag.
+long long parse_int(const char* s, const std::string& flag, long long lo, long long hi, const char** rest = nullptr) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(s, &end, 10);
+  const bool whole = end != s && (rest != nullptr || *end == '\0');
+  if (!whole || errno == ERANGE || x < lo || x > hi)
+    usage((flag + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + s +
+           "'").c_str());
+  if (rest) *rest = end;
+  return x;
+}
+
+// A comma-separated list of integers in [lo, hi].
+std::vector<std::int64_t> parse_list(const char* s, const std::string& flag, long long lo, long long hi) {
   std::vector<std::int64_t> out;
   for (const char* p = s; *p;) {
-    char* end = nullptr;
-    const long long x = std::strtoll(p, &end, 10);
-    if (end == p) usage("expected a comma-separated list of integers");
-    out.push_back(x);
+    const char* end = nullptr;
+    out.push_back(parse_int(p, flag, lo, hi, &end));
+    if (*end != ',' && *end != '\0')
+      usage((flag + ": expected a comma-separated list of integers, got '" + s + "'").c_str());
     p = *end == ',' ? end + 1 : end;
   }
   return out;
@@ -90,29 +109,37 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value for " + f).c_str());
       return argv[++i];
     };
-    if (f == "--lens") a.lens = parse_list(next());
+    // Ranges keep the workload's host buffers allocatable; the plan checks the rest (dims 16-256).
+    if (f == "--lens") a.lens = parse_list(next(), f, 0, INT32_MAX);
     else if (f == "--heads") {
-      const auto h = parse_list(next());
+      const auto h = parse_list(next(), f, 1, 1024);
       if (h.size() != 3) usage("--heads takes HQ,HK,HV");
       a.hq = static_cast<int>(h[0]), a.hk = static_cast<int>(h[1]), a.hv = static_cast<int>(h[2]);
-    } else if (f == "--dk") a.dk = std::atoi(next());
-    else if (f == "--dv") a.dv = std::atoi(next());
+    } else if (f == "--dk") a.dk = static_cast<int>(parse_int(next(), f, 1, 1024));
+    else if (f == "--dv") a.dv = static_cast<int>(parse_int(next(), f, 1, 1024));
     else if (f == "--dtype") a.dtype = next();
     else if (f == "--gate") a.gate = next();
     else if (f == "--layout") a.layout = next();
     else if (f == "--backend") a.backend = next();
     else if (f == "--kernel") a.kernel = next();
-    else if (f == "--segments") a.segments = std::atoi(next());
-    else if (f == "--split-decay-cutoff") a.cutoff = std::strtof(next(), nullptr);
-    else if (f == "--seed") a.seed = std::strtoull(next(), nullptr, 10);
-    else if (f == "--check") a.check_pairs = std::atoi(next());
-    else if (f == "--repeat") a.repeat = std::atoi(next());
-    else if (f == "--threads") a.threads = std::atoi(next());
+    else if (f == "--segments") a.segments = static_cast<int>(parse_int(next(), f, 0, INT32_MAX));
+    else if (f == "--split-decay-cutoff") {
+      const char* v = next();
+      char* end = nullptr;
+      a.cutoff = std::strtof(v, &end);
+      if (end == v || *end != '\0') usage(("--split-decay-cutoff: expected a number in [0, 1), got '" + std::string(v) + "'").c_str());
+    } else if (f == "--seed") a.seed = static_cast<std::uint64_t>(parse_int(next(), f, 0, INT64_MAX));
+    else if (f == "--check") a.check_pairs = static_cast<int>(parse_int(next(), f, 0, INT32_MAX));
+    else if (f == "--repeat") a.repeat = static_cast<int>(parse_int(next(), f, 1, 1000000));
+    else if (f == "--threads") a.threads = static_cast<int>(parse_int(next(), f, 0, 4096));
     else if (f == "--json") a.json = true;
     else if (f == "-h" || f == "--help") usage(nullptr);
     else usage(("unknown option " + f).c_str());
   }
   if (a.lens.empty()) usage("--lens needs at least one length");
+  // cu_seqlens is int32 here: the packed batch must fit it.
+  if (std::accumulate(a.lens.begin(), a.lens.end(), std::int64_t{0}) > INT32_MAX)
+    usage("--lens: expected at most 2^31-1 tokens in all (int32 cu_seqlens)");
   a.progress = !a.json && isatty(2);
   if (a.dtype != "bf16" && a.dtype != "f16") usage("--dtype is bf16 or f16");
   if (a.gate != "log" && a.gate != "linear") usage("--gate is log or linear");
@@ -355,9 +382,25 @@ Check check(Workload& w, const Args& a) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  Workload w = make_workload(a);
   Timing timing;
   std::string note;
+  Workload w;
+  try {
+    gdnkit::Problem p;  // shapes the planner refuses fail here, before any buffer is allocated
+    p.total_tokens = std::accumulate(a.lens.begin(), a.lens.end(), std::int64_t{0});
+    p.num_seqs = static_cast<std::int64_t>(a.lens.size());
+    p.num_q_heads = a.hq, p.num_k_heads = a.hk, p.num_v_heads = a.hv;
+    p.head_dim_k = a.dk, p.head_dim_v = a.dv;
+    p.memory = gdnkit::Memory::host;
+    gdnkit::Plan::create(p);
+    w = make_workload(a);
+  } catch (const gdnkit::Error& e) {
+    std::fprintf(stderr, "gdnkit: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "gdnkit: the workload's host buffers do not fit in memory\n");
+    return 1;
+  }
   try {
     const bool gpu = gdnkit::cuda_available();
     if (a.backend == "cuda" || (a.backend == "auto" && gpu)) {

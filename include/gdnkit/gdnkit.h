@@ -185,7 +185,8 @@ class Plan {
   // work is enqueued on stream and run() returns without synchronising; for Memory::host it runs on
   // the calling thread plus worker threads and returns when done (stream is ignored; the calling
   // thread's floating-point mode is set to flush subnormals during the call and restored after).
-  // Throws Error for null pointers the problem needs or a workspace that is too small. The CUDA
+  // Throws Error for null pointers the problem needs, a workspace that is too small, or outputs
+  // that overlap an input, each other or the workspace (from the pointers and strides alone). The CUDA
   // backend also needs dk and dv of 64 or 128 and q, k, v, o strides that are multiples of 8
   // elements (create() checks both), q, k, v, o 16-byte aligned and the workspace 256-byte aligned
   // (run() checks them); states and gates need only their element type's alignment.
@@ -193,7 +194,9 @@ class Plan {
            Stream stream = nullptr) const;
 
   // Checks the values run() relies on: cu_seqlens starts at 0, never decreases and ends at T;
-  // gates are finite or -inf (log space), or finite and >= 0 (linear space). For Memory::cuda this copies
+  // gates are decays: <= 0 or -inf in log space, in [0, 1] in linear space (a growing gate can
+  // overflow the chunk's cumulative decay, exp of the gates summed over up to 64 tokens, and give
+  // NaN where the recurrence itself stays finite). For Memory::cuda this copies
   // them to the host and synchronises stream: call it when debugging, not on the hot path.
   void validate(const Tensors& tensors, Stream stream = nullptr) const;
 

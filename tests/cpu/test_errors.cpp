@@ -288,6 +288,56 @@ TEST(Errors, RunPointersAndWorkspace) {
   EXPECT_EQ(b.o, o_before) << "a rejected run wrote o";
 }
 
+// Outputs that overlap an input, each other or the workspace are refused before anything is
+// written; final_state == initial_state exactly (in place) runs, and so do disjoint views into one
+// buffer.
+TEST(Errors, RunAliasing) {
+  Problem p = small_problem();
+  p.qkv_dtype = DType::f16;
+  p.has_initial_state = p.want_final_state = true;
+  const Plan plan = Plan::create(p);
+  std::vector<unsigned char> ws(plan.workspace_bytes() + 64);
+  Buffers b;
+  const std::vector<std::uint16_t> o_before = b.o;
+  const std::vector<float> h0_before = b.h0;
+  struct Case { const char* out; const char* other; std::function<void(gdnkit::Tensors&)> alias; };
+  const std::vector<Case> cases = {
+      {"o", "q", [&](gdnkit::Tensors& t) { t.o = b.q.data() + 16; }},  // one token on
+      {"o", "v", [&](gdnkit::Tensors& t) { t.o = b.v.data(); }},       // exactly v: still an overlap
+      {"o", "final_state", [&](gdnkit::Tensors& t) { t.o = reinterpret_cast<std::uint16_t*>(b.ht.data()); }},
+      {"final_state", "initial_state", [&](gdnkit::Tensors& t) { t.final_state = b.h0.data() + 256; }},
+      {"final_state", "g", [&](gdnkit::Tensors& t) { t.final_state = b.g.data(); }},
+      {"o", "workspace", [&](gdnkit::Tensors& t) { t.o = reinterpret_cast<std::uint16_t*>(ws.data()); }},
+  };
+  for (const auto& c : cases) {
+    gdnkit::Tensors t = b.tensors();
+    c.alias(t);
+    if (std::string(c.other) == "workspace" && plan.workspace_bytes() == 0) continue;
+    expect_error([&] { plan.run(t, ws.data(), ws.size()); }, V, c.out, {std::string("no overlap with ") + c.other});
+  }
+  EXPECT_EQ(b.o, o_before) << "a rejected run wrote o";
+  EXPECT_EQ(b.h0, h0_before) << "a rejected run wrote initial_state";
+  // In place: the final state over the initial one.
+  gdnkit::Tensors t = b.tensors();
+  t.final_state = b.h0.data();
+  EXPECT_NO_THROW(plan.run(t, ws.data(), ws.size()));
+  // v and o as disjoint halves of one buffer's rows ([T, 4 heads, 16], o the last two heads) run;
+  // rows that share a head do not.
+  Problem pv = p;
+  pv.has_initial_state = pv.want_final_state = false;
+  pv.v = {64, 16};
+  pv.o = {64, 16};
+  const Plan plan_v = Plan::create(pv);
+  std::vector<std::uint16_t> vo(10 * 64, 0x3c00);
+  gdnkit::Tensors tv = b.tensors();
+  tv.v = vo.data(), tv.o = vo.data() + 32;
+  std::vector<unsigned char> ws_v(plan_v.workspace_bytes() + 64);
+  EXPECT_NO_THROW(plan_v.run(tv, ws_v.data(), ws_v.size()));
+  EXPECT_EQ(std::vector<std::uint16_t>(vo.begin(), vo.begin() + 32), std::vector<std::uint16_t>(32, 0x3c00));
+  tv.o = vo.data() + 16;
+  expect_error([&] { plan_v.run(tv, ws_v.data(), ws_v.size()); }, V, "o", {"no overlap with v"});
+}
+
 TEST(Errors, ValidateValues) {
   Problem p = small_problem();
   p.qkv_dtype = DType::f16;
@@ -300,7 +350,11 @@ TEST(Errors, ValidateValues) {
   expect_error([&] { plan.validate(b.tensors()); }, V, "cu_seqlens[2]", {"expected total_tokens=10, got 9"});
   b.cu = {0, 4, 10};
   b.g[7 * 2 + 1] = std::numeric_limits<float>::infinity();
-  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"expected a finite log-space gate or -inf", "got inf"});
+  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"expected a log-space gate <= 0 (or -inf)", "got inf"});
+  b.g[7 * 2 + 1] = 100.0f;  // a growing gate: exp of the chunk's summed gates would overflow
+  expect_error([&] { plan.validate(b.tensors()); }, V, "g[7, 1]", {"expected a log-space gate <= 0", "got 100"});
+  b.g[7 * 2 + 1] = 0.0f;  // no decay
+  EXPECT_NO_THROW(plan.validate(b.tensors()));
   b.g[7 * 2 + 1] = -std::numeric_limits<float>::infinity();  // a full decay
   EXPECT_NO_THROW(plan.validate(b.tensors()));
   b.g[7 * 2 + 1] = std::numeric_limits<float>::quiet_NaN();
@@ -312,7 +366,11 @@ TEST(Errors, ValidateValues) {
   b.g.assign(20, 0.9f);
   EXPECT_NO_THROW(plan_lin.validate(b.tensors()));
   b.g[3] = -0.5f;  // a linear gate is a decay factor: never negative
-  expect_error([&] { plan_lin.validate(b.tensors()); }, V, "g[1, 1]", {"expected a finite linear gate >= 0, got -0.5"});
+  expect_error([&] { plan_lin.validate(b.tensors()); }, V, "g[1, 1]", {"expected a linear gate in [0, 1], got -0.5"});
+  b.g[3] = 1.0f;  // no decay
+  EXPECT_NO_THROW(plan_lin.validate(b.tensors()));
+  b.g[3] = 1e30f;  // a growing gate
+  expect_error([&] { plan_lin.validate(b.tensors()); }, V, "g[1, 1]", {"expected a linear gate in [0, 1]"});
 }
 
 TEST(Errors, NamesAndSizes) {

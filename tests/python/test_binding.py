@@ -453,10 +453,12 @@ def test_bad_cu_seqlens(rng, cu, message, validate):
 
 
 @pytest.mark.parametrize("gate, bad, message", [
-    ("log", np.nan, "g[5, 1]: expected a finite log-space gate or -inf, got nan"),
-    ("log", np.inf, "g[5, 1]: expected a finite log-space gate or -inf, got inf"),
-    ("linear", -0.5, "g[5, 1]: expected a finite linear gate >= 0, got -0.5"),
-    ("linear", np.nan, "g[5, 1]: expected a finite linear gate >= 0, got nan"),
+    ("log", np.nan, "g[5, 1]: expected a log-space gate <= 0 (or -inf), got nan"),
+    ("log", np.inf, "g[5, 1]: expected a log-space gate <= 0 (or -inf), got inf"),
+    ("log", 100.0, "g[5, 1]: expected a log-space gate <= 0 (or -inf), got 100"),
+    ("linear", -0.5, "g[5, 1]: expected a linear gate in [0, 1], got -0.5"),
+    ("linear", 1e30, "g[5, 1]: expected a linear gate in [0, 1], got 1000000015047466219876688855040"),
+    ("linear", np.nan, "g[5, 1]: expected a linear gate in [0, 1], got nan"),
 ])
 def test_validate_catches_bad_gates(rng, gate, bad, message):
     q, k, v, g, beta = _small(rng)
@@ -1068,7 +1070,7 @@ def test_torch_cuda_stream_and_checks(rng, torch_cuda):
         gdnkit.chunk_gated_delta_rule(tq, tk, tv, tg, tb, cu_seqlens=bad, validate=True)
     g_nan = tg.clone()
     g_nan[7, 1] = float("nan")
-    with pytest.raises(ValueError, match=r"g\[7, 1\]: expected a finite log-space gate or -inf, got nan"):
+    with pytest.raises(ValueError, match=r"g\[7, 1\]: expected a log-space gate <= 0 \(or -inf\), got nan"):
         gdnkit.chunk_gated_delta_rule(tq, tk, tv, g_nan, tb, cu_seqlens=cu, validate=True)
     # A head dim the CUDA backend has no kernel for: a RuntimeError from the planner.
     q48 = torch.zeros(16, 1, 48, dtype=torch.float16, device=dev)
