@@ -250,11 +250,16 @@ struct Buffers {
   }
 };
 
-TEST(Errors, RunPointersAndWorkspace) {
+// small_problem() in f16 with both states (Buffers' tensors).
+Problem problem_with_states() {
   Problem p = small_problem();
   p.qkv_dtype = DType::f16;
   p.has_initial_state = p.want_final_state = true;
-  const Plan plan = Plan::create(p);
+  return p;
+}
+
+TEST(Errors, RunPointersAndWorkspace) {
+  const Plan plan = Plan::create(problem_with_states());
   std::vector<unsigned char> ws(plan.workspace_bytes() + 1);
   Buffers b;
   const std::vector<std::uint16_t> o_before = b.o;
@@ -292,9 +297,7 @@ TEST(Errors, RunPointersAndWorkspace) {
 // written; final_state == initial_state exactly (in place) runs, and so do disjoint views into one
 // buffer.
 TEST(Errors, RunAliasing) {
-  Problem p = small_problem();
-  p.qkv_dtype = DType::f16;
-  p.has_initial_state = p.want_final_state = true;
+  const Problem p = problem_with_states();
   const Plan plan = Plan::create(p);
   std::vector<unsigned char> ws(plan.workspace_bytes() + 64);
   Buffers b;
