@@ -309,30 +309,29 @@ def chunk_gated_delta_rule(
         initial_state = _as_float32(initial_state)
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     options = (gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
+    args = (q, k, v, g, beta, initial_state)
     torch = _sys.modules.get("torch")
     if torch is not None and torch.is_grad_enabled():
-        args = (q, k, v, g, beta, initial_state)
         grads = [x for x in args if getattr(x, "requires_grad", False)]
         if grads:
-            detached = [x.detach() if getattr(x, "requires_grad", False) else x for x in args]
+            detached = tuple(x.detach() if getattr(x, "requires_grad", False) else x for x in args)
             return _forward_only_fn().apply(
-                lambda: _forward_dense(detached, scale, output_final_state, cu_seqlens, options), *grads)
+                lambda: _call(detached, scale, output_final_state, cu_seqlens, options), *grads)
+    return _call(args, scale, output_final_state, cu_seqlens, options)
+
+
+def _call(args, scale, output_final_state, cu_seqlens, options):
+    """The binding's call on args = (q, k, v, g, beta, initial_state): in place, or where the
+    binding refuses a layout the kernels cannot read (FLA makes every input contiguous first), once
+    more on dense copies of the tensors that are not dense. Other errors stand."""
+    q, k, v, g, beta, h0 = args
     try:
-        return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, *options)
+        return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, *options)
     except ValueError as e:
-        # A layout the kernels cannot read (FLA makes every input contiguous first): once more on
-        # dense copies of the tensors that are not dense. Other errors stand.
         if not any(w in str(e) for w in _LAYOUT_WORDS):
             raise
-        args = (q, k, v, g, beta, initial_state)
         dense = [None if x is None else _dense(x) for x in args]
         if all(a is b for a, b in zip(dense, args)):
             raise
-    return _forward_dense(dense, scale, output_final_state, cu_seqlens, options)
-
-
-def _forward_dense(args, scale, output_final_state, cu_seqlens, options):
-    """The binding's call on args = (q, k, v, g, beta, initial_state), each dense where its layout
-    is one the kernels cannot read in place."""
-    q, k, v, g, beta, h0 = (None if x is None else _dense(x) for x in args)
+    q, k, v, g, beta, h0 = dense
     return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, *options)
