@@ -15,7 +15,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#ifndef GDNKIT_WITH_CUDA
+#define GDNKIT_WITH_CUDA 1
+#endif
+#if GDNKIT_WITH_CUDA
 #include <cuda_runtime.h>
+#endif
 
 #include <algorithm>
 #include <cfloat>
@@ -518,15 +523,21 @@ void check_same_device(const Tensor& t, const Tensor& q) {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
+#if GDNKIT_WITH_CUDA
     if (cudaGetDevice(&previous_) != cudaSuccess) {
       cudaGetLastError();
       previous_ = -1;
       return;
     }
     if (previous_ != device && cudaSetDevice(device) == cudaSuccess) set_ = true;
+#else
+    (void)device;  // a CPU-only build: the planner refuses CUDA tensors
+#endif
   }
   ~DeviceGuard() {
+#if GDNKIT_WITH_CUDA
     if (set_) cudaSetDevice(previous_);
+#endif
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
