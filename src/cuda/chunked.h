@@ -170,7 +170,7 @@ struct ChunkedParams {
   int value_blocks = 0;
   // Stage 1 at 128 columns (value_blocks 1, one map CTA): each segment's value and map CTA run as
   // a cluster of two that share their records, the map CTA of a sequence's first segment walking it
-  // along without storing anything (fused_cluster_x, value_map_pair in fused_sm90.cuh). Exact
+  // along without storing anything (fused_cluster_x, value_map_pair in fused_sm90_scheduler.cuh). Exact
   // splits only (map_end null).
   bool cp_pairs = false;
   // The map CTAs' output rows, of the input type (null: they store none): row t of head h is the

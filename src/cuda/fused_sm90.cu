@@ -61,7 +61,7 @@ bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t
 namespace {
 
 // Clusters along x: pairs of CTAs x, x ^ 1 that walk the same chunks of one head share their
-// records (fused_paired in fused_sm90.cuh). At 64 columns (warps == 4) that holds for the value
+// records (fused_paired in fused_sm90_scheduler.cuh). At 64 columns (warps == 4) that holds for the value
 // blocks of a call and, in a split's stage 1 (map_out set), for pairs that do not straddle the
 // value and map blocks. At 128 (warps == 8) only in a split's stage 1 of one value and one map
 // CTA per segment where the planner asks for it (ChunkedParams::cp_pairs; exact splits: the decay
@@ -99,7 +99,7 @@ constexpr std::size_t fused_smem_bytes() {
 }
 
 #ifdef GDNKIT_FUSED_TIMELINE
-// The timeline build's host side (fused_sm90.cuh, GDNKIT_FUSED_TIMELINE): the stamps' buffer (device
+// The timeline build's host side (fused_sm90_probe.cuh, GDNKIT_FUSED_TIMELINE): the stamps' buffer (device
 // memory) for the process's launches 5 and 6; at launch 9 it waits for the device, copies them back
 // and prints them. The chunks stamped step by step start at GDNKIT_TIMELINE_J0 (default 0).
 void set_timeline(FusedParams& fp, dim3 grid) {
@@ -142,7 +142,7 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   // Token positions and sequence indices are 32-bit in the kernel (TMA coordinates are).
   if (!fused_sizes_ok(params.tokens, std::max(params.num_seqs, params.num_walks))) return cudaErrorInvalidValue;
   if (params.walks != nullptr && params.longest_first) return cudaErrorInvalidValue;  // the order ranks sequences
-  if (params.lpt && (!params.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
+  if (params.lpt && (!params.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90_scheduler.cuh)
   FusedParams fp;
   if (!make_fused_params<T, DK>(params, &fp)) return cudaErrorInvalidValue;
 #ifdef GDNKIT_FUSED_TIMELINE
@@ -231,10 +231,10 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                                  cudaStream_t stream) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
-  if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90.cuh)
+  if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90_scheduler.cuh)
   if (!fused_sizes_ok(p.tokens, std::max(p.num_seqs, p.num_walks))) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
-  if (p.lpt && (!p.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90.cuh)
+  if (p.lpt && (!p.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90_scheduler.cuh)
   FusedParams fp;
   fp.p = p;
   std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));

@@ -238,7 +238,7 @@ TEST(Inverse, PlainTf32IsLessAccurate) {
   EXPECT_GT(plain, 8.0 * bar);
 }
 
-// The fused kernel inverts the decayed matrix instead (fused_sm90.cuh): A_D = A .* D with
+// The fused kernel inverts the decayed matrix instead (fused_record, fused_sm90_record.cuh): A_D = A .* D with
 // D_ij = exp(G_i - G_j), G the chunk's cumulative log gates, whose inverse is D .* Tu, the factor Mt
 // needs. Its scheme (A_D formed in fp32 with base-2 exponentials of fp32 G log2(e), then the same
 // blocked 3xtf32 inverse) must be as accurate as fp32 forward substitution on the same A_D; the
