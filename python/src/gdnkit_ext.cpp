@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <thread>
 
 #include "gdnkit/gdnkit.h"
@@ -1113,6 +1114,22 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
 
 }  // namespace
 
+// The library's message with the names of the Python call's arguments where the C++ API names
+// them otherwise (Options fields, Problem's head dims).
+std::string python_names(std::string msg) {
+  static const std::pair<std::string_view, std::string_view> kNames[] = {
+      {"options.kernel", "kernel"},
+      {"options.segments", "segments"},
+      {"options.split_decay_cutoff", "split_decay_cutoff"},
+      {"head_dim_k", "q, k head dim"},
+      {"head_dim_v", "v head dim"},
+  };
+  for (const auto& [from, to] : kNames)
+    for (std::size_t at = msg.find(from); at != std::string::npos; at = msg.find(from, at + to.size()))
+      msg.replace(at, from.size(), to);
+  return msg;
+}
+
 NB_MODULE(_gdnkit, m) {
   m.doc() = "gdnkit C++ binding (use the gdnkit package, not this module)";
   init_globals();
@@ -1124,7 +1141,7 @@ NB_MODULE(_gdnkit, m) {
       PyObject* type = PyExc_RuntimeError;
       if (e.kind() == Kind::invalid_value) type = PyExc_ValueError;
       else if (e.kind() == Kind::invalid_type) type = PyExc_TypeError;
-      PyErr_SetString(type, e.what());
+      PyErr_SetString(type, python_names(e.what()).c_str());
     }
   });
 
