@@ -664,8 +664,8 @@ class Allocator {
   explicit Allocator(const Tensor& q) : q_(q.obj) {
     if (is_numpy(q_)) {
       kind_ = Numpy;
-    } else if (is_torch(q_)) {
-      kind_ = Torch;  // q.new_empty(shape[, dtype]): q's device, no grad
+    } else if (is_torch(q_) || (torch_ready() && PyObject_IsInstance(q_.ptr(), TT.tensor) == 1)) {
+      kind_ = Torch;  // q.new_empty(shape[, dtype]): q's device, no grad (subclasses included)
     } else if (nb::object cupy = imported("cupy"); cupy.is_valid() && nb::isinstance(q_, cupy.attr("ndarray"))) {
       kind_ = CurrentDevice;  // cupy.empty allocates on the current device (set by DeviceGuard)
       ns_ = cupy;

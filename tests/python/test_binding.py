@@ -925,6 +925,17 @@ def test_torch_requires_grad(rng, torch):
     assert none is None and o4.requires_grad
 
 
+def test_torch_subclass(rng, torch):
+    """A subclass of torch.Tensor as q: read through DLPack, outputs allocated like q."""
+    class Sub(torch.Tensor):
+        pass
+
+    q = torch.randn(20, 2, 16).half()
+    o, st = gdnkit.chunk_gated_delta_rule(q.as_subclass(Sub), q, q, output_final_state=True)
+    o2, st2 = gdnkit.chunk_gated_delta_rule(q, q, q, output_final_state=True)
+    assert isinstance(o, torch.Tensor) and torch.equal(torch.Tensor(o), o2) and torch.equal(torch.Tensor(st), st2)
+
+
 def test_torch_fla_doc_example_dtypes(rng, torch):
     """FLA's docstring example: bfloat16 gates and a bfloat16 initial state, converted to float32."""
     F = torch.nn.functional
