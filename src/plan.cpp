@@ -256,11 +256,13 @@ void check_pointers(const Problem& p, const Tensors& t) {
 }
 
 // The bytes a tensor of run() may touch: [begin, end) (empty for a null pointer or no elements);
-// for a token-strided one also its rows: `row` bytes every `period` bytes from begin.
+// for a token-strided one also the pattern that repeats every `period` bytes from begin: `heads`
+// runs of `width` bytes, `head` bytes apart.
 struct Span {
   const char* name;
   std::uintptr_t begin = 0, end = 0;
-  std::uintptr_t period = 0, row = 0;  // 0: dense
+  std::uintptr_t period = 0, head = 0, width = 0;  // period 0: every byte of [begin, end)
+  int heads = 0;
 };
 Span span(const char* name, const void* ptr, std::int64_t elems_to_last, std::size_t elem_bytes) {
   if (ptr == nullptr || elems_to_last <= 0) return {name};
@@ -272,18 +274,29 @@ Span span(const char* name, const void* ptr, const Strides& s, std::int64_t T, i
           std::size_t elem_bytes) {
   const std::int64_t row = static_cast<std::int64_t>(heads - 1) * s.head + dim;
   Span a = span(name, ptr, T == 0 ? 0 : (T - 1) * s.token + row, elem_bytes);
-  if (T > 1 && row <= s.token) a.period = s.token * elem_bytes, a.row = row * elem_bytes;
+  if (T > 1 && row <= s.token) {
+    a.period = static_cast<std::uintptr_t>(s.token) * elem_bytes;
+    a.head = static_cast<std::uintptr_t>(s.head) * elem_bytes, a.width = static_cast<std::uintptr_t>(dim) * elem_bytes;
+    a.heads = heads;
+  }
   return a;
 }
-// Whether two spans share a byte. Rows of one period interleaved with each other's (views into
-// one fused buffer) do not.
+// Whether two spans may share a byte. Tensors of one token stride whose heads interleave without
+// touching (views into one fused buffer, per token or per head) do not: every pair of head runs is
+// compared modulo the period (a run fits in it). Sound, not exact: a pair may also be refused
+// whose shared residues fall outside both token ranges.
 bool overlap(const Span& a, const Span& b) {
   if (!(a.begin < b.end && b.begin < a.end)) return false;
   if (a.period == 0 || a.period != b.period) return true;
-  const Span& lo = a.begin <= b.begin ? a : b;
-  const Span& hi = a.begin <= b.begin ? b : a;
-  const std::uintptr_t d = (hi.begin - lo.begin) % a.period;  // hi's rows start d into lo's periods
-  return !(d >= lo.row && d + hi.row <= a.period);
+  if (static_cast<std::int64_t>(a.heads) * b.heads > (1 << 16)) return true;  // bounded host work
+  const std::uintptr_t P = a.period;
+  for (int i = 0; i < a.heads; ++i)
+    for (int j = 0; j < b.heads; ++j) {
+      const std::uintptr_t x = (a.begin + i * a.head) % P, y = (b.begin + j * b.head) % P;
+      const std::uintptr_t d = (y + P - x) % P;  // b's run starts d into a's period
+      if (d < a.width || d + b.width > P) return true;
+    }
+  return false;
 }
 std::string range_str(const Span& a) {
   std::ostringstream s;

@@ -133,9 +133,16 @@ Args parse(int argc, char** argv) {
       char* end = nullptr;
       a.cutoff = std::strtof(v, &end);
       if (end == v || *end != '\0') usage(("--split-decay-cutoff: expected a number in [0, 1), got '" + std::string(v) + "'").c_str());
-    } else if (f == "--seed") a.seed = static_cast<std::uint64_t>(parse_int(next(), f, 0, INT64_MAX));
+    } else if (f == "--seed") {
+      const char* v = next();
+      char* end = nullptr;
+      errno = 0;
+      a.seed = std::strtoull(v, &end, 10);
+      if (end == v || *end != '\0' || errno == ERANGE || *v == '-')
+        usage(("--seed: expected an unsigned 64-bit integer, got '" + std::string(v) + "'").c_str());
+    }
     else if (f == "--check") a.check_pairs = static_cast<int>(parse_int(next(), f, 0, INT32_MAX));
-    else if (f == "--repeat") a.repeat = static_cast<int>(parse_int(next(), f, 1, 1000000));
+    else if (f == "--repeat") a.repeat = static_cast<int>(parse_int(next(), f, 0, 1000000));  // 0: the default
     else if (f == "--threads") a.threads = static_cast<int>(parse_int(next(), f, 0, 4096));
     else if (f == "--json") a.json = true;
     else if (f == "-h" || f == "--help") usage(nullptr);

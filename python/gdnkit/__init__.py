@@ -99,8 +99,9 @@ def _as_float32(x):
         if f32 not in _FLOAT32:
             _FLOAT32.append(f32)
         return x if not x.dtype.is_floating_point or x.dtype == f32 else x.float()
-    if isinstance(x, _ndarray):
-        return x if x.dtype.kind != "f" or x.dtype == _np.float32 else x.astype(_np.float32)
+    if isinstance(x, _ndarray):  # float16/64, and ml_dtypes' bfloat16 (a kind "V" dtype)
+        floating = x.dtype.kind == "f" or x.dtype.name == "bfloat16"
+        return x.astype(_np.float32) if floating and x.dtype != _np.float32 else x
     xp = _namespace(x)
     if xp.isdtype(x.dtype, "real floating") and x.dtype != xp.float32:
         return xp.astype(x, xp.float32)
@@ -119,7 +120,10 @@ def _dense(x):
         return x if x.data_ptr() % 16 == 0 else x.clone()
     if isinstance(x, _ndarray):
         return x if x.flags.c_contiguous and x.ctypes.data % 16 == 0 else _np.array(x, order="C")
-    return x  # array-API arrays: no portable way to ask for a copy in a given layout
+    cupy = _sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return x if x.flags.c_contiguous and x.data.ptr % 16 == 0 else cupy.array(x, order="C")
+    return x  # other array-API arrays: no portable way to ask for a copy in a given layout
 
 
 _forward_only = None
@@ -246,9 +250,10 @@ def chunk_gated_delta_rule(
     and head strides (views into a fused projection are fine), a 4-D ``[B, T, ...]`` tensor whose
     batch stride is T times its token stride, a C-contiguous initial_state; on CUDA also token and
     head strides that are multiples of 8 elements and 16-byte aligned data, and dk, dv of 64 or 128
-    (the CPU backend takes any). A tensor with another layout (``x[:, :t]`` of a longer batch,
-    ``expand``-ed heads, a transposed view) is copied to a dense one first, as FLA's functions
-    make every input contiguous: such a call costs the copy. A torch input that requires grad
+    (the CPU backend takes any). A torch, NumPy or CuPy tensor with another layout (``x[:, :t]``
+    of a longer batch, ``expand``-ed heads, a transposed view) is copied to a dense one first, as
+    FLA's functions make every input contiguous: such a call costs the copy (other array-API
+    arrays are refused by name instead). A torch input that requires grad
     gives outputs whose backward raises (gdnkit computes the forward pass only).
 
     Returns:
@@ -285,10 +290,10 @@ def chunk_gated_delta_rule(
         for name, x in (("g", g), ("A_log", A_log)):
             if x is None:
                 raise ValueError(f"{name}: expected a tensor with use_gate_in_kernel=True, got None")
-        H = v.shape[-2] if len(v.shape) >= 2 else None
+        H = max(q.shape[-2], v.shape[-2]) if len(q.shape) >= 2 and len(v.shape) >= 2 else None
         for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
             if x is not None and tuple(x.shape) != (H,):
-                raise ValueError(f"{name}: expected shape ({H},) (one value per value head) with "
+                raise ValueError(f"{name}: expected shape ({H},) (one value per output head, max(Hq, Hv)) with "
                                  f"use_gate_in_kernel=True, got {tuple(x.shape)}")
         if gate != "log":
             raise ValueError(f"gate: expected 'log' with use_gate_in_kernel=True (it forms log-space gates), "
@@ -309,29 +314,29 @@ def chunk_gated_delta_rule(
         initial_state = _as_float32(initial_state)
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     options = (gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
-    args = (q, k, v, g, beta, initial_state)
+    args = (q, k, v, g, beta, initial_state, cu_seqlens)
     torch = _sys.modules.get("torch")
     if torch is not None and torch.is_grad_enabled():
         grads = [x for x in args if getattr(x, "requires_grad", False)]
         if grads:
             detached = tuple(x.detach() if getattr(x, "requires_grad", False) else x for x in args)
             return _forward_only_fn().apply(
-                lambda: _call(detached, scale, output_final_state, cu_seqlens, options), *grads)
-    return _call(args, scale, output_final_state, cu_seqlens, options)
+                lambda: _call(detached, scale, output_final_state, options), *grads)
+    return _call(args, scale, output_final_state, options)
 
 
-def _call(args, scale, output_final_state, cu_seqlens, options):
-    """The binding's call on args = (q, k, v, g, beta, initial_state): in place, or where the
-    binding refuses a layout the kernels cannot read (FLA makes every input contiguous first), once
-    more on dense copies of the tensors that are not dense. Other errors stand."""
-    q, k, v, g, beta, h0 = args
+def _call(args, scale, output_final_state, options):
+    """The binding's call on args = (q, k, v, g, beta, initial_state, cu_seqlens): in place, or
+    where the binding refuses a layout the kernels cannot read (FLA makes every input contiguous
+    first), once more on dense copies of the tensors that are not dense. Other errors stand."""
+    q, k, v, g, beta, h0, cu = args
     try:
-        return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, *options)
+        return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu, *options)
     except ValueError as e:
         if not any(w in str(e) for w in _LAYOUT_WORDS):
             raise
         dense = [None if x is None else _dense(x) for x in args]
         if all(a is b for a, b in zip(dense, args)):
             raise
-    q, k, v, g, beta, h0 = dense
-    return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, *options)
+    q, k, v, g, beta, h0, cu = dense
+    return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu, *options)

@@ -339,6 +339,18 @@ TEST(Errors, RunAliasing) {
   EXPECT_EQ(std::vector<std::uint16_t>(vo.begin(), vo.begin() + 32), std::vector<std::uint16_t>(32, 0x3c00));
   tv.o = vo.data() + 16;
   expect_error([&] { plan_v.run(tv, ws_v.data(), ws_v.size()); }, V, "o", {"no overlap with v"});
+  // Per head: [T, 2 heads, {v, o}, 16], v and o each head stride 32, o 16 elements on.
+  pv.v = {64, 32};
+  pv.o = {64, 32};
+  const Plan plan_h = Plan::create(pv);
+  std::fill(vo.begin(), vo.end(), std::uint16_t{0x3c00});
+  tv.v = vo.data(), tv.o = vo.data() + 16;
+  EXPECT_NO_THROW(plan_h.run(tv, ws_v.data(), ws_v.size()));
+  for (int t = 0; t < 10; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int d = 0; d < 16; ++d) ASSERT_EQ(vo[t * 64 + h * 32 + d], 0x3c00) << "v written at " << t << ", " << h;
+  tv.o = vo.data() + 8;  // half of each o head over v's
+  expect_error([&] { plan_h.run(tv, ws_v.data(), ws_v.size()); }, V, "o", {"no overlap with v"});
 }
 
 TEST(Errors, ValidateValues) {

@@ -540,8 +540,6 @@ BAD = {
                        "cu_seqlens: expected 1 dim [N+1], got 2 dims (1, 2)"),
     "cu_seqlens short": (_base, lambda a: a.update(cu_seqlens=np.array([0], np.int32)), ValueError,
                          "cu_seqlens: expected at least 2 entries [N+1], got (1,)"),
-    "cu_seqlens strided": (_base, lambda a: a.update(cu_seqlens=np.array([0, 9, 64, 9], np.int32)[::2]),
-                           ValueError, "cu_seqlens: expected a contiguous tensor (stride 1), got stride 2"),
     "cu_seqlens with B>1": (_base4, lambda a: a.update(cu_seqlens=np.array([0, 64], np.int32)), ValueError,
                             "cu_seqlens: expected batch size B=1 for 4-D q with cu_seqlens"),
     "initial_state shape": (_base, lambda a: a.update(initial_state=np.zeros((1, 2, 32, 16), np.float32)),
@@ -567,10 +565,12 @@ BAD = {
     "gate in kernel without A_log": (_base, lambda a: a.update(use_gate_in_kernel=True), ValueError,
                                      "A_log: expected a tensor with use_gate_in_kernel=True, got None"),
     "A_log heads": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(3, np.float32)), ValueError,
-                    "A_log: expected shape (2,) (one value per value head) with use_gate_in_kernel=True, got (3,)"),
+                    "A_log: expected shape (2,) (one value per output head, max(Hq, Hv)) with use_gate_in_kernel=True, "
+                    "got (3,)"),
     "dt_bias heads": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(2, np.float32),
                                                 dt_bias=np.zeros(1, np.float32)), ValueError,
-                      "dt_bias: expected shape (2,) (one value per value head) with use_gate_in_kernel=True, got (1,)"),
+                      "dt_bias: expected shape (2,) (one value per output head, max(Hq, Hv)) with "
+                      "use_gate_in_kernel=True, got (1,)"),
     # options
     "gate": (_base, lambda a: a.update(gate="exp"), ValueError, "gate: expected 'log' or 'linear', got 'exp'"),
     "state_layout": (_base, lambda a: a.update(state_layout="kk"), ValueError,
@@ -617,6 +617,7 @@ COPIED = {
     "g broadcast": (_base, lambda a: a.update(g=np.broadcast_to(a["g"][:1], (64, 2)))),
     "beta broadcast heads": (_base, lambda a: a.update(beta=np.broadcast_to(a["beta"][:, :1], (64, 2)))),
     "q batch not flattenable": (_base4, lambda a: a.update(q=np.concatenate([a["q"], a["q"]], axis=1)[:, :32])),
+    "cu_seqlens strided": (_base, lambda a: a.update(cu_seqlens=np.array([0, 9, 64, 9], np.int32)[::2])),
     "v misaligned": (_base, lambda a: a.update(v=np.frombuffer(
         np.concatenate([np.zeros(1, np.float16), a["v"].ravel()]).tobytes(), np.float16, offset=2).reshape(64, 2, 32))),
 }
@@ -636,7 +637,8 @@ def test_layout_copied(rng, case):
     B, T = (1, o.shape[0]) if o.ndim == 3 else o.shape[:2]
     packed = [np.asarray(dense[n], np.float64).reshape((B * T,) + dense[n].shape[o.ndim - 2:])
               for n in ("q", "k", "v", "g", "beta")]
-    ro, rs = reference(*packed, None, dense.get("initial_state"), np.arange(B + 1) * T)
+    cu = dense["cu_seqlens"] if "cu_seqlens" in dense else np.arange(B + 1) * T
+    ro, rs = reference(*packed, None, dense.get("initial_state"), cu)
     assert_o_close(o.astype(np.float64).reshape(ro.shape), ro)
     assert_state_close(st, rs)
 
@@ -650,6 +652,31 @@ def test_gate_and_state_dtypes_converted(rng):
     o32, st32 = gdnkit.chunk_gated_delta_rule(q, k, v, g.astype(np.float16).astype(np.float32), beta,
                                               initial_state=h0.astype(np.float32), output_final_state=True)
     assert st.dtype == np.float32 and np.array_equal(o, o32) and np.array_equal(st, st32)
+
+
+def test_numpy_bfloat16_gates_and_state_converted(rng):
+    # ml_dtypes' bfloat16 (dtype kind "V") is a floating dtype too.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v, g, beta = _small(rng)
+    h0 = rng.standard_normal((1, 2, q.shape[-1], v.shape[-1])).astype(ml_dtypes.bfloat16)
+    gb = g.astype(ml_dtypes.bfloat16)
+    o, st = gdnkit.chunk_gated_delta_rule(q, k, v, gb, beta, initial_state=h0, output_final_state=True)
+    o32, st32 = gdnkit.chunk_gated_delta_rule(q, k, v, gb.astype(np.float32), beta,
+                                              initial_state=h0.astype(np.float32), output_final_state=True)
+    assert np.array_equal(o, o32) and np.array_equal(st, st32)
+
+
+def test_gate_in_kernel_gqa(rng):
+    # GQA (Hq = 2 Hv): gates, A_log and dt_bias have max(Hq, Hv) = Hq output heads.
+    T, dk, dv = 40, 32, 32
+    q, k, v, g, beta = make_inputs(rng, (T,), 4, 2, 2, dk, dv)
+    a = rng.standard_normal((T, 4)).astype(np.float32)
+    A_log = rng.standard_normal(4).astype(np.float32)
+    dt_bias = rng.standard_normal(4).astype(np.float32)
+    o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, a, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    g_ref = (-np.exp(A_log) * np.logaddexp(a + dt_bias, 0)).astype(np.float32)
+    o_ref, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g_ref, beta)
+    np.testing.assert_allclose(o.astype(np.float64), o_ref.astype(np.float64), rtol=1e-3, atol=1e-4)
 
 
 def test_fla_chunk_size_and_old_state_name(rng):
