@@ -30,6 +30,19 @@ __device__ __forceinline__ void fused_later_first_copies(const FusedParams& fp, 
   }
 }
 
+// Whether the state warpgroups take opaque copies of the lane's constants per walk: in the
+// walk-list kernels with the block solve, whose state warpgroups hold more per-walk values, what
+// the optimiser derived from those constants and kept across the walks spilled. The other
+// kernels' code stays as it was.
+template <class F>
+constexpr bool kOpaqueLane = F::kWalks && F::kBlockSolve;
+// x, opaque to the optimiser (opaque) where kOpaqueLane.
+template <class F>
+__device__ __forceinline__ int walk_opaque(int x) {
+  if constexpr (kOpaqueLane<F>) return opaque(x);
+  return x;
+}
+
 // The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
 // sequence, or in the walk-list variant an entry of p.walks), empty ones included (their final
 // state is the start one).
@@ -52,6 +65,14 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       reinterpret_cast<uint4*>(F::v(smem, idx / int(F::v_bytes / 16)))[idx % int(F::v_bytes / 16)] =
           make_uint4(0u, 0u, 0u, 0u);
   }
+
+  // The lane's state column and key pair; opaque copies at each walk's start and end where
+  // kOpaqueLane (what is derived from them, offsets and the map's identity, was otherwise hoisted
+  // out of the walks and spilled).
+  struct LaneCol {
+    int col, t;
+  };
+  const auto lane_col = [&] { return LaneCol{walk_opaque<F>(v0 + l.cw + l.g), walk_opaque<F>(l.t)}; };
 
   float st[DK / 8][4];
   constexpr int R = F::kRecStages;
@@ -103,10 +124,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     } else {
       bos = seq_begin(p, start_index), eos = seq_begin(p, start_index + 1);
     }
-    if (is_map)
-      identity_state_tiles<DK>(st, v0 + l.cw + l.g, l.t);
-    else
-      load_state_tiles<DK>(st, p, start, lane_state_offset<DK>(p, start_index, h, v0 + l.cw + l.g, l.t));
+    {
+      const LaneCol c = lane_col();
+      if (is_map)
+        identity_state_tiles<DK>(st, c.col, c.t);
+      else
+        load_state_tiles<DK>(st, p, start, lane_state_offset<DK>(p, start_index, h, c.col, c.t));
+    }
     bool zero_state = !is_map && start == nullptr;  // then the first chunk skips K S and Q S
     for (std::int64_t c0 = bos; c0 < eos; c0 += C, ++j) {
       const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
@@ -213,8 +237,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // they cost the walk-list kernels a spilled register.)
       const int mt = opaque(tid);
       const int mkk = (to_map ? (static_cast<int>(blockIdx.x) - p.value_blocks) * (F::DVB / 16) : 0) + mt / 32;
+      // (Where kOpaqueLane, O's column from an opaque copy: held across the walks, it spilled.)
+      T* const ohead = static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head;
       T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(c0, h, mkk, mt % 32, p.num_heads, DK)
-                              : static_cast<T*>(p.o) + static_cast<std::int64_t>(h) * p.o_head + v0 + l.cw + c0 * o_token;
+                       : kOpaqueLane<F> ? ohead + opaque(v0 + l.cw) + c0 * o_token
+                                        : ohead + v0 + l.cw + c0 * o_token;
       unsigned char* const o_stage = kStageO && nrows == C && (!F::kWalks || (orows > 0 && !to_map))
                                          ? reinterpret_cast<unsigned char*>(F::v(smem, j % 2))
                                          : nullptr;
@@ -251,16 +278,19 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     }
     if constexpr (F::kWalks) {
       const WalkSpan w = walk_entry(order, i);
-      const int col = v0 + l.cw + l.g;
+      const LaneCol c = lane_col();
       if (is_map) {
         if (w.map >= 0)
-          store_map_tiles<DK>(st, p.map_out + (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK, col, l.t);
+          store_map_tiles<DK>(st, p.map_out + (static_cast<std::int64_t>(w.map) * p.num_heads + h) * DK * DK, c.col,
+                              c.t);
         continue;
       }
-      if (w.state_out >= 0) store_state_tiles<DK>(st, p, p.walk_out, lane_state_offset<DK>(p, w.state_out, h, col, l.t));
-      if (p.want_final_state && w.last) store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, w.seq, h, col, l.t));
+      if (w.state_out >= 0)
+        store_state_tiles<DK>(st, p, p.walk_out, lane_state_offset<DK>(p, w.state_out, h, c.col, c.t));
+      if (p.want_final_state && w.last) store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, w.seq, h, c.col, c.t));
     } else if (p.want_final_state) {
-      store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, v0 + l.cw + l.g, l.t));
+      const LaneCol c = lane_col();
+      store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, c.col, c.t));
     }
   }
   if constexpr (kStageO) {  // the last chunk's staged O; no store is in flight at exit
