@@ -308,35 +308,47 @@ def chunk_gated_delta_rule(
                 raise ValueError("cu_seqlens_cpu: expected a host copy of cu_seqlens (0 first, non-decreasing), got "
                                  f"{_np.asarray(cu_seqlens_cpu).tolist()[:8]}")
             max_seq_len = int(lens.max())
-    if g is not None:
+    # float32 gates and states pass by identity of their dtype (cheap); others are converted.
+    f32 = _FLOAT32
+    if g is not None and g.dtype is not f32[0] and g.dtype is not f32[-1]:
         g = _as_float32(g)
-    if initial_state is not None:
+    if initial_state is not None and initial_state.dtype is not f32[0] and initial_state.dtype is not f32[-1]:
         initial_state = _as_float32(initial_state)
     stream = 0 if type(q) is _ndarray else _current_stream(q)
-    options = (gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
-    args = (q, k, v, g, beta, initial_state, cu_seqlens)
     torch = _sys.modules.get("torch")
     if torch is not None and torch.is_grad_enabled():
+        args = (q, k, v, g, beta, initial_state, cu_seqlens)
         grads = [x for x in args if getattr(x, "requires_grad", False)]
         if grads:
             detached = tuple(x.detach() if getattr(x, "requires_grad", False) else x for x in args)
-            return _forward_only_fn().apply(
-                lambda: _call(detached, scale, output_final_state, options), *grads)
-    return _call(args, scale, output_final_state, options)
+            options = (gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
+            return _forward_only_fn().apply(lambda: _call(detached, scale, output_final_state, options), *grads)
+    try:
+        return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, gate, state_layout,
+                        validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
+    except ValueError as e:
+        options = (gate, state_layout, validate, stream, kernel, segments, max_seq_len, split_decay_cutoff)
+        return _call_dense(e, (q, k, v, g, beta, initial_state, cu_seqlens), scale, output_final_state, options)
 
 
 def _call(args, scale, output_final_state, options):
-    """The binding's call on args = (q, k, v, g, beta, initial_state, cu_seqlens): in place, or
-    where the binding refuses a layout the kernels cannot read (FLA makes every input contiguous
-    first), once more on dense copies of the tensors that are not dense. Other errors stand."""
+    """The binding's call on args = (q, k, v, g, beta, initial_state, cu_seqlens), in place, then
+    where it refuses a layout, on dense copies (_call_dense)."""
     q, k, v, g, beta, h0, cu = args
     try:
         return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu, *options)
     except ValueError as e:
-        if not any(w in str(e) for w in _LAYOUT_WORDS):
-            raise
-        dense = [None if x is None else _dense(x) for x in args]
-        if all(a is b for a, b in zip(dense, args)):
-            raise
+        return _call_dense(e, args, scale, output_final_state, options)
+
+
+def _call_dense(error, args, scale, output_final_state, options):
+    """After the binding's ValueError `error` on args: where it refused a layout the kernels cannot
+    read (FLA makes every input contiguous first), the call once more on dense copies of the
+    tensors that are not dense. Other errors, and a layout error that no copy changes, stand."""
+    if not any(w in str(error) for w in _LAYOUT_WORDS):
+        raise error
+    dense = [None if x is None else _dense(x) for x in args]
+    if all(a is b for a, b in zip(dense, args)):
+        raise error
     q, k, v, g, beta, h0, cu = dense
     return _forward(q, k, v, g, beta, scale, h0, output_final_state, cu, *options)
