@@ -112,6 +112,13 @@ if has sanitize; then
       [ $rc -ne 0 ] && grep -m5 -iE "error|invalid|hazard" "$OUT/sanitizer.log"
     done
   done
+  # Invalid cu_seqlens (decreasing, negative, past T) on every kernel and a split: memcheck sees
+  # any access outside the buffers that the test's guards cannot.
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/gdnkit_gpu_tests" \
+    --gtest_filter=Cuda.BadSeqlensStayInBounds >"$OUT/sanitizer.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "sanitizer memcheck [Cuda.BadSeqlensStayInBounds]: rc=$rc $(grep -hE 'ERROR SUMMARY|INFO bad|PASSED|FAILED' "$OUT/sanitizer.log" | tr -s ' ' | tr '\n' ' ')"
+  [ $rc -ne 0 ] && grep -m5 -iE "error|invalid|Failure" "$OUT/sanitizer.log"
 fi
 
 if has profile; then

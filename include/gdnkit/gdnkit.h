@@ -193,7 +193,9 @@ class Plan {
   void run(const Tensors& tensors, void* workspace, std::size_t workspace_bytes,
            Stream stream = nullptr) const;
 
-  // Checks the values run() relies on: cu_seqlens starts at 0, never decreases and ends at T;
+  // Checks the values run() relies on: cu_seqlens starts at 0, never decreases and ends at T (the
+  // CPU backend's run() checks this itself; the CUDA kernels read each sequence clamped into
+  // [0, T], so an invalid cu_seqlens gives wrong results but no access outside the buffers);
   // gates are decays: <= 0 or -inf in log space, in [0, 1] in linear space (a growing gate can
   // overflow the chunk's cumulative decay, exp of the gates summed over up to 64 tokens, and give
   // NaN where the recurrence itself stays finite). For Memory::cuda this copies

@@ -302,11 +302,17 @@ def chunk_gated_delta_rule(
     if state_v_first and state_layout == "kv":
         state_layout = "vk"
     if cu_seqlens_cpu is not None and max_seq_len is None:
-        lens = _np.diff(_np.asarray(cu_seqlens_cpu))
+        host = _np.asarray(cu_seqlens_cpu)
+        lens = _np.diff(host)
         if lens.size:
-            if (lens < 0).any() or int(_np.asarray(cu_seqlens_cpu)[0]) != 0:
-                raise ValueError("cu_seqlens_cpu: expected a host copy of cu_seqlens (0 first, non-decreasing), got "
-                                 f"{_np.asarray(cu_seqlens_cpu).tolist()[:8]}")
+            # The planner's hint only, but a copy that disagrees with cu_seqlens is a caller's bug.
+            n1 = cu_seqlens.shape[0] if cu_seqlens is not None and len(cu_seqlens.shape) == 1 else None
+            t = q.shape[-3] if len(q.shape) >= 3 else None
+            if ((lens < 0).any() or int(host[0]) != 0 or (t is not None and int(host[-1]) != t)
+                    or (n1 is not None and host.shape[0] != n1)):
+                raise ValueError(f"cu_seqlens_cpu: expected a host copy of cu_seqlens ({n1} entries, 0 first, "
+                                 f"non-decreasing, T={t} last), got {host.tolist()[:8]}"
+                                 f"{' ...' if host.shape[0] > 8 else ''} ({host.shape[0]} entries)")
             max_seq_len = int(lens.max())
     # float32 gates and states pass by identity of their dtype (cheap); others are converted.
     f32 = _FLOAT32

@@ -70,13 +70,16 @@ __device__ __forceinline__ std::int64_t seq_begin(const ChunkedParams& p, std::i
                           : static_cast<std::int64_t>(static_cast<const std::int32_t*>(p.cu_seqlens)[n]);
 }
 
-// Sequence n's tokens [bos, eos) as a split reads them: clamped into [0, T] (the run does not check
-// cu_seqlens: a decreasing or out-of-range one gives wrong numbers, as the unsplit kernel would, but
-// no access outside the buffers).
-__device__ __forceinline__ void cp_seq_range(const ChunkedParams& p, std::int64_t n, std::int64_t& bos,
-                                             std::int64_t& eos) {
-  bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
-  bos = bos < 0 ? 0 : bos > p.tokens ? p.tokens : bos;
+// Sequence n's tokens [bos, eos), as every kernel reads them: clamped into [0, T], eos >= bos. run()
+// does not check cu_seqlens (validate() does): a decreasing or out-of-range one gives wrong numbers
+// but no access outside the buffers, the workspace included.
+__device__ __forceinline__ std::int64_t seq_bos(const ChunkedParams& p, std::int64_t n) {
+  const std::int64_t b = seq_begin(p, n);
+  return b < 0 ? 0 : b > p.tokens ? p.tokens : b;
+}
+__device__ __forceinline__ void seq_range(const ChunkedParams& p, std::int64_t n, std::int64_t& bos,
+                                          std::int64_t& eos) {
+  bos = seq_bos(p, n), eos = seq_begin(p, n + 1);
   eos = eos < bos ? bos : eos > p.tokens ? p.tokens : eos;
 }
 // Segments of a sequence of len tokens cut every seg tokens (one where len <= seg: not split).
@@ -131,7 +134,7 @@ __device__ __forceinline__ WalkSpan cp_walk_entry(const ChunkedParams& p, const 
   const int s = static_cast<int>(i - n * e) + (fix ? 1 : 0);
   if (n >= p.num_seqs) return cp_empty_entry();
   std::int64_t bos, eos;
-  cp_seq_range(p, n, bos, eos);
+  seq_range(p, n, bos, eos);
   const int nseg = cp_segments(eos - bos, p.cp_seg);
   if (s >= nseg) return cp_empty_entry();
   return cp_entry(n, bos, eos, p.cp_seg, nseg, static_cast<int>(n * p.cp_per_seq), s, fix);

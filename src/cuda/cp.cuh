@@ -56,7 +56,7 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
     const std::int64_t n = base + tid;
     const bool here = n < p.num_seqs;
     std::int64_t bos = 0, eos = 0;
-    if (here) cp_seq_range(p, n, bos, eos);
+    if (here) seq_range(p, n, bos, eos);
     const int nseg = here ? cp_segments(eos - bos, c.seg) : 0;
     const int e1 = here ? nseg : 0, e3 = here ? nseg - 1 : 0, es = nseg > 1 ? nseg : 0;
     // Inclusive scans of e1, e3 and es over the NT threads (Hillis-Steele in shared memory).
@@ -143,7 +143,7 @@ __device__ __forceinline__ void cp_scan_cta(const ChunkedParams& p, const int* s
     nseg = seq_slots[2 * n + 1], base = seq_slots[2 * n];
   } else {  // lists not built (ChunkedParams::cp_seg)
     std::int64_t bos, eos;
-    cp_seq_range(p, n, bos, eos);
+    seq_range(p, n, bos, eos);
     nseg = cp_segments(eos - bos, p.cp_seg), base = n * p.cp_per_seq;
   }
   // Step s makes E[base + s] the true state, which the correction of segment s + 1 reads; the

@@ -91,8 +91,9 @@ __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* or
     eos = map_cta(p) ? map_walk_end(p, w) : w.end;
   } else {
     const std::int64_t n = p.longest_first ? order[i] : i;
-    bos = static_cast<int>(seq_begin(p, n));
-    eos = static_cast<int>(seq_begin(p, n + 1));
+    std::int64_t b, e;
+    seq_range(p, n, b, e);
+    bos = static_cast<int>(b), eos = static_cast<int>(e);
   }
 }
 

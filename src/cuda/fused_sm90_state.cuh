@@ -122,7 +122,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       else if (w.state_in == kStateZero) start = nullptr;
       write_o = w.out != 0 && (!is_map || (p.map_o != nullptr && w.map >= 0));
     } else {
-      bos = seq_begin(p, start_index), eos = seq_begin(p, start_index + 1);
+      seq_range(p, start_index, bos, eos);
     }
     {
       const LaneCol c = lane_col();

@@ -390,19 +390,21 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
 
   const std::int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
-  // The largest n with first_slot(bos_n, n) <= slot (first_slot is strictly increasing in n).
+  // The largest n with first_slot(bos_n, n) <= slot (first_slot is strictly increasing in n for a
+  // valid cu_seqlens; for an invalid one some slots find no chunk, as the walks find none there).
   std::int64_t lo = 0, hi = p.num_seqs - 1;
   while (lo < hi) {
     const std::int64_t mid = (lo + hi + 1) / 2;
-    if (first_slot(seq_begin(p, mid), mid) <= slot)
+    if (first_slot(seq_bos(p, mid), mid) <= slot)
       lo = mid;
     else
       hi = mid - 1;
   }
   const std::int64_t n = lo;
-  const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+  std::int64_t bos, eos;
+  seq_range(p, n, bos, eos);
   const std::int64_t c0 = bos + (slot - first_slot(bos, n)) * C;
-  if (c0 >= eos) return;  // uniform CTA exit: no barrier has run yet
+  if (c0 < bos || c0 >= eos) return;  // uniform CTA exit: no barrier has run yet
   const int nrows = static_cast<int>(eos - c0 < C ? eos - c0 : C);
   const int nb = (nrows + 15) / 16;
 

@@ -136,7 +136,8 @@ __device__ __forceinline__ void short_walk_cta(const ChunkedParams& p, unsigned 
   };
 
   for (std::int64_t n = blockIdx.z; n < p.num_seqs; n += gridDim.z) {
-    const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+    std::int64_t bos, eos;
+    seq_range(p, n, bos, eos);
     const std::int64_t state_lane = lane_state_offset<DK>(p, n, h, col0 + g, t);
     float st[DK / 8][4];  // St tiles: st[j] holds keys [8 j, 8 j + 8) of the warp's 16 columns
     // (A branch, not load_state_tiles' per-element select: ptxas predicates those loads, and

@@ -522,7 +522,11 @@ constexpr std::size_t walk_smem_bytes() {
 template <int NT>
 __device__ __forceinline__ void rank_longest_first(const ChunkedParams& p, int* order, int* lens, int tid) {
   const int n_seqs = static_cast<int>(p.num_seqs);
-  for (int n = tid; n < n_seqs; n += NT) lens[n] = static_cast<int>(seq_begin(p, n + 1) - seq_begin(p, n));
+  for (int n = tid; n < n_seqs; n += NT) {
+    std::int64_t bos, eos;
+    seq_range(p, n, bos, eos);
+    lens[n] = static_cast<int>(eos - bos);
+  }
   __syncthreads();
   for (int n = tid; n < n_seqs; n += NT) {
     const int len = lens[n];
@@ -574,7 +578,8 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
   auto prefetch_from = [&](std::int64_t i, int s) {
     for (; i < p.num_seqs; i += gridDim.z) {
       const std::int64_t n = seq_at(i);
-      const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+      std::int64_t bos, eos;
+      seq_range(p, n, bos, eos);
       if (eos > bos) {
         load_chunk(s, n, bos, bos, static_cast<int>(eos - bos < C ? eos - bos : C));
         return;
@@ -590,7 +595,8 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
   float st[NKT][4];  // St tiles: st[j] holds columns [8 j, 8 j + 8) of St = S^T
   for (std::int64_t i = blockIdx.z; i < p.num_seqs; i += gridDim.z) {
     const std::int64_t n = seq_at(i);
-    const std::int64_t bos = seq_begin(p, n), eos = seq_begin(p, n + 1);
+    std::int64_t bos, eos;
+    seq_range(p, n, bos, eos);
     const std::int64_t state_lane = lane_state_offset<DK>(p, n, h, v0 + cw + g, t);
     load_state_tiles<DK>(st, p, state_lane);
     // Without an initial state the state is exactly zero until the first update: that chunk skips

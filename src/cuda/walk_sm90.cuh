@@ -307,22 +307,22 @@ struct WgmmaWalk {
     if constexpr (kBlockSolve) {
       block_solve<NB>(vf, kf, xa, gmma_desc(S.mt, 16, 1024));
       GDNKIT_STEP_MARK(8);
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
-    const std::uint64_t dm = gmma_desc(S.mt, 16, 1024);
-    fence_all(xa);
-    gmma_fence(vf);
-    gmma_arrive();
-    lower_products<NB>(vf, xa, gmma_desc_add(dm, m_bytes));  // Mt lo, then hi
-    lower_products<NB>(vf, xa, dm);
-    gmma_commit();
-    GDNKIT_STEP_MARK(7);
-    gmma_wait<0>();
-    GDNKIT_STEP_MARK(8);
-    gmma_fence(vf);
-    fence_all(xa);
+      for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
+      const std::uint64_t dm = gmma_desc(S.mt, 16, 1024);
+      fence_all(xa);
+      gmma_fence(vf);
+      gmma_arrive();
+      lower_products<NB>(vf, xa, gmma_desc_add(dm, m_bytes));  // Mt lo, then hi
+      lower_products<NB>(vf, xa, dm);
+      gmma_commit();
+      GDNKIT_STEP_MARK(7);
+      gmma_wait<0>();
+      GDNKIT_STEP_MARK(8);
+      gmma_fence(vf);
+      fence_all(xa);
+    }
   }
 
   // P Vn into O, then Vd K into S', in two commit groups: the O store runs while the state

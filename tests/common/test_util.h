@@ -322,6 +322,25 @@ inline Case random_case(const Spec& spec) {
   return c;
 }
 
+// cu_seqlens for three sequences of T tokens in all that Plan::run does not check (Plan::validate
+// does): decreasing, negative, past T, i64 values beyond 32 bits, every sequence past T.
+inline std::vector<std::vector<std::int64_t>> invalid_cu_seqlens(std::int64_t T) {
+  return {{0, T + 670, 10, T}, {-50, 100, 90, T + 4000}, {0, T, T, -7}, {0, 1LL << 40, -(1LL << 40), T},
+          {T + 70, T + 80, T + 90, T + 100}};
+}
+// A random case of spec (three sequences) whose cu_seqlens holds cu instead: i64 where a value needs
+// it or i64 is asked for, else i32.
+inline Case case_with_cu_seqlens(Spec spec, const std::vector<std::int64_t>& cu, bool i64) {
+  for (std::int64_t x : cu) i64 = i64 || x != static_cast<std::int32_t>(x);
+  spec.cu_dtype = i64 ? DType::i64 : DType::i32;
+  Case c = random_case(spec);
+  for (std::size_t n = 0; n < cu.size() && n < c.cu64.size(); ++n) {
+    c.cu64[n] = cu[n];
+    c.cu32[n] = static_cast<std::int32_t>(cu[n]);
+  }
+  return c;
+}
+
 // The fp64 oracle over every (sequence, head), packed: o [T, H, dv], state [N, H, dk, dv] (kv).
 struct Reference {
   std::vector<double> o;

@@ -511,6 +511,34 @@ TEST(Emulated, NonFiniteNeighbourSequence) {
   }
 }
 
+// cu_seqlens that run() does not check (validate() does): decreasing, negative, past T, and i64
+// values beyond 32 bits. Every kernel family then gives wrong numbers but stays inside the buffers:
+// it reads tokens [0, T) only and writes only o's rows [0, T), the states of sequences [0, N) and
+// its workspace (the guards after each output intact; the sanitizer build of this test also sees
+// every read).
+TEST(Emulated, BadSeqlensStayInBounds) {
+  Spec s;
+  s.lens = {100, 30, 200};
+  s.Hq = s.Hk = s.Hv = 1;
+  s.dv = 128;
+  s.initial_state = true;
+  s.final_state = true;
+  const auto bad = test::invalid_cu_seqlens(s.T());
+  int i = 0;
+  for (int w : {2, 8, -1, -2, kFused, kFused64, kShort})
+    for (std::size_t b = 0; b < bad.size(); ++b, ++i) {
+      s.dk = i % 2 ? 128 : 64;
+      s.seed = 3100 + i;
+      Case c = test::case_with_cu_seqlens(s, bad[b], b % 2 == 1);
+      const bool ranked = w == kFused || w == kFused64 ? i % 3 != 0 : i % 2 == 0;
+      const std::string kernel = run_emulated(c, w, i % 4 == 0 ? 2 : 65535, ranked, ranked && (w == kFused || w == kFused64) && i % 3 == 1);
+      SCOPED_TRACE(kernel + " cu_seqlens #" + std::to_string(b));
+      EXPECT_TRUE(c.o.guards_intact()) << "o written outside its rows";
+      EXPECT_TRUE(c.init.guards_intact());
+      EXPECT_TRUE(c.fin.guards_intact()) << "final_state written outside its sequences";
+    }
+}
+
 // The longest-first order: a permutation, by decreasing length, ties by index.
 TEST(Emulated, LongestFirstOrder) {
   std::mt19937 rng(77);
@@ -520,6 +548,7 @@ TEST(Emulated, LongestFirstOrder) {
     cuda::ChunkedParams p;
     p.num_seqs = n_seqs;
     p.cu_seqlens = cu.data();
+    p.tokens = cu.back();
     int order[cuda::kLongestFirstMaxSeqs], lens[cuda::kLongestFirstMaxSeqs];
     std::fill(order, order + n_seqs, -1);
     run_grid(dim3(1), 64, [&] { cuda::rank_longest_first<64>(p, order, lens, static_cast<int>(threadIdx.x)); });

@@ -656,6 +656,67 @@ TEST_F(Cuda, NonFiniteNeighbourSequence) {
   EXPECT_GE(ran, 4);
 }
 
+bool split_runs_here();
+
+// cu_seqlens that run() does not check (validate() does; Emulated.BadSeqlensStayInBounds has the
+// same on every kernel's logic): decreasing, negative, past T, i64 values beyond 32 bits. Every
+// kernel, the short walk and a split give wrong numbers but no CUDA error, and write nothing outside
+// o and the states (guards intact). scripts/gpu_check.sh's sanitize stage runs this test under
+// memcheck, which also sees any read outside the inputs and the workspace.
+TEST_F(Cuda, BadSeqlensStayInBounds) {
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const bool sm90a = major == 9 && minor == 0;
+  struct Run {
+    const char* kernel;
+    int dk;
+    DType dtype;
+    int segments;
+  };
+  std::vector<Run> runs;
+  for (const cuda::SplitKernelList list : {cuda::split_kernels_bf16(), cuda::split_kernels_f16(), cuda::fused_kernels()})
+    for (int j = 0; j < list.count; ++j)
+      if (!list.begin[j].sm90a || sm90a) runs.push_back({list.begin[j].name, list.begin[j].dk, list.begin[j].dtype, 0});
+  runs.push_back({"cuda-short-bf16-k128-w8", 128, DType::bf16, 0});
+  if (sm90a && split_runs_here()) runs.push_back({nullptr, 128, DType::bf16, 4});
+  Spec s;
+  s.lens = {600, 100, 200};
+  s.Hq = s.Hk = 1;
+  s.Hv = 2;
+  s.dv = 128;
+  s.initial_state = true;
+  s.final_state = true;
+  const auto bad = test::invalid_cu_seqlens(s.T());
+  int i = 0;
+  for (const Run& r : runs)
+    for (std::size_t b = 0; b < bad.size(); ++b, ++i) {
+      s.dk = r.dk;
+      s.qkv = r.dtype;
+      s.seed = 3300 + i;
+      Case c = test::case_with_cu_seqlens(s, bad[b], b % 2 == 1);
+      DeviceCase d(c);
+      Problem problem = d.problem();
+      problem.max_seq_len = 600;
+      gdnkit::Options o;
+      o.kernel = r.kernel;
+      o.segments = r.segments;
+      const Plan plan = Plan::create(problem, o);
+      SCOPED_TRACE(std::string(plan.kernel_name()) + ", cu_seqlens #" + std::to_string(b));
+      const test::DeviceWorkspace ws(plan);
+      plan.run(d.tensors(), ws.ptr(), ws.bytes());
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+      d.download();
+      EXPECT_TRUE(c.o.guards_intact()) << "o written outside its rows";
+      EXPECT_TRUE(c.init.guards_intact());
+      EXPECT_TRUE(c.fin.guards_intact()) << "final_state written outside its sequences";
+    }
+  std::printf("INFO bad cu_seqlens runs: %d\n", i);
+  EXPECT_GE(i, 5 * 4);
+}
+
 // Runs are deterministic: the same inputs give bit-identical outputs, run after run.
 TEST_F(Cuda, BitwiseRepeatable) {
   Spec s;

@@ -551,9 +551,17 @@ BAD = {
                                                           state_layout="vk"),
                                ValueError, "initial_state: expected shape [N, H, dv, dk] = (2, 2, 32, 32) "
                                "for state_layout='vk', got (2, 2, 32, 16)"),
-    "cu_seqlens_cpu decreasing": (_base, lambda a: a.update(cu_seqlens=np.array([0, 64], np.int32),
+    "cu_seqlens_cpu decreasing": (_base, lambda a: a.update(cu_seqlens=np.array([0, 40, 30, 64], np.int32),
                                                             cu_seqlens_cpu=np.array([0, 40, 30, 64])), ValueError,
-                                  "cu_seqlens_cpu: expected a host copy of cu_seqlens (0 first, non-decreasing)"),
+                                  "cu_seqlens_cpu: expected a host copy of cu_seqlens (4 entries, 0 first, "
+                                  "non-decreasing, T=64 last), got [0, 40, 30, 64] (4 entries)"),
+    "cu_seqlens_cpu past T": (_base, lambda a: a.update(cu_seqlens=np.array([0, 40, 64], np.int32),
+                                                        cu_seqlens_cpu=np.array([0, 40, 70])), ValueError,
+                              "cu_seqlens_cpu: expected a host copy of cu_seqlens (3 entries, 0 first, "
+                              "non-decreasing, T=64 last), got [0, 40, 70]"),
+    "cu_seqlens_cpu entries": (_base, lambda a: a.update(cu_seqlens=np.array([0, 40, 64], np.int32),
+                                                         cu_seqlens_cpu=np.array([0, 64])), ValueError,
+                               "cu_seqlens_cpu: expected a host copy of cu_seqlens (3 entries"),
     # FLA's keywords
     "chunk_size": (_base, lambda a: a.update(chunk_size=128), ValueError, "chunk_size: expected 16, 32 or 64, got 128"),
     "transpose_state_layout and state_v_first": (_base, lambda a: a.update(transpose_state_layout=True,
