@@ -105,7 +105,8 @@ struct Options {
   int cpu_threads = 0;  // CPU backend worker threads; 0 = all hardware threads
   // CUDA backend: run exactly this kernel (spelled as Plan::kernel_name() reports it, e.g.
   // "cuda-split-wgmma-bf16-k128-w4"); nullptr lets the planner choose. A name that does not exist
-  // for the problem's dtype and dk is invalid_value; one the device cannot run is unsupported.
+  // for the problem's dtype, dk and dv is invalid_value (a 128-column fused kernel at dv 64:
+  // unsupported, naming its -v64 variant); one the device cannot run is unsupported.
   // Never a silent fallback. A split's name ("...-cpK") is not one: ask for it with `segments`.
   const char* kernel = nullptr;
   // CUDA backend, context parallelism (splitting each sequence into segments walked in parallel,
@@ -145,8 +146,10 @@ struct Tensors {
   float* final_state = nullptr;
 };
 
-// Every error gdnkit reports. what() names the argument and gives what was expected and what was
-// found, e.g. "k: expected 16 heads for GVA with Hq=16, got 32".
+// Every error gdnkit reports. what() starts with the argument's name; for invalid_value,
+// invalid_type and unsupported it gives what was expected and what was found, e.g. "k: expected 16
+// heads for GVA with Hq=16, got 32"; for cuda (where the argument is the failing call, e.g.
+// "launch") the CUDA runtime's error name and message.
 class Error : public std::runtime_error {
  public:
   enum class Kind {
@@ -183,8 +186,9 @@ class Plan {
   // Computes o (and final_state when wanted). workspace must hold workspace_bytes() bytes in the
   // problem's memory space (device memory for Memory::cuda; 256-byte aligned). For Memory::cuda the
   // work is enqueued on stream and run() returns without synchronising; for Memory::host it runs on
-  // the calling thread plus worker threads and returns when done (stream is ignored; the calling
-  // thread's floating-point mode is set to flush subnormals during the call and restored after).
+  // the calling thread plus worker threads and returns when done (stream is ignored; on x86 the
+  // calling thread's floating-point mode is set to flush subnormals during the call and restored
+  // after).
   // Throws Error for null pointers the problem needs, a workspace that is too small, or outputs
   // that overlap an input, each other or the workspace (from the pointers and strides alone). The CUDA
   // backend also needs dk and dv of 64 or 128 and q, k, v, o strides that are multiples of 8

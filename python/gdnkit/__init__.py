@@ -216,8 +216,9 @@ def chunk_gated_delta_rule(
             cannot run RuntimeError. Never a silent fallback.
         segments: CUDA, context parallelism (C++ ``Options::segments``): None or 0 lets the planner
             split long sequences where it pays, 1 never splits, k >= 2 requires segments of about
-            1/k of the mean length (RuntimeError where the split cannot run: host arrays, a GPU
-            other than H100/H200, a mean length under two chunks).
+            1/k of the longest length (``max_seq_len`` or the one ``cu_seqlens_cpu`` gives, else
+            the mean length; RuntimeError where the split cannot run: host arrays, a GPU other
+            than H100/H200, segments under two chunks).
         use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
         cu_seqlens_cpu, chunk_indices, use_gate_in_kernel, A_log, dt_bias: FLA's keywords (keyword
             only here), same meaning and the same refusals (allow_neg_eigval without
@@ -229,8 +230,9 @@ def chunk_gated_delta_rule(
             ``state_layout="vk"``. ``cu_seqlens_cpu`` (a host copy of cu_seqlens) gives the planner
             the longest length (``max_seq_len``). ``chunk_indices`` is accepted and not needed.
             ``head_first=True`` and ``cp_context`` are refused (ValueError). ``chunk_size`` (16, 32
-            or 64) is checked as FLA does and otherwise ignored: the kernels work in 64-token
-            chunks, and other chunk sizes differ only by rounding. ``transpose_state_layout`` is
+            or 64) is checked as FLA does and otherwise ignored: the kernels pick their own chunk
+            size (64 tokens; 16 in the short walk for batches of short sequences), and chunk
+            sizes differ only by rounding. ``transpose_state_layout`` is
             FLA's old name of ``state_v_first``.
         max_seq_len: optional hint, the longest sequence's length (C++ ``Problem::max_seq_len``):
             lets the CUDA planner split a batch whose longest sequence is far above the mean.
