@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 # nvcc from the standard toolkit location when it is not on PATH already.
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: all setup configure build run test test-cpp test-python python-install gpu clean
+.PHONY: all setup configure build run test test-cpp test-python python-install gpu sanitize clean
 
 all: build
 
@@ -42,6 +42,17 @@ python-install: setup
 # On a machine with a GPU: build, GPU tests, benchmark (see scripts/gpu_check.sh).
 gpu:
 	bash scripts/gpu_check.sh
+
+# The CPU and emulator tests under AddressSanitizer and UndefinedBehaviorSanitizer (no GPU needed;
+# about 20 minutes on two cores): every host-side read and write of the kernels' logic is checked.
+sanitize: setup
+	cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDNKIT_WITH_CUDA=OFF \
+	  -DGDNKIT_BUILD_PYTHON=OFF -DGDNKIT_BUILD_BENCH=OFF -DGDNKIT_BUILD_CLI=OFF \
+	  "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined
+	cmake --build build-sanitize -j $(JOBS) --target gdnkit_cpu_tests gdnkit_emu_tests
+	./build-sanitize/tests/gdnkit_cpu_tests
+	./build-sanitize/tests/gdnkit_emu_tests
 
 clean:
 	rm -rf $(BUILD)

@@ -2,6 +2,7 @@
 // was expected and what was found, and nothing is written when a call is rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -299,17 +300,22 @@ TEST(Errors, RunPointersAndWorkspace) {
 TEST(Errors, RunAliasing) {
   const Problem p = problem_with_states();
   const Plan plan = Plan::create(p);
-  std::vector<unsigned char> ws(plan.workspace_bytes() + 64);
+  std::vector<unsigned char> ws(std::max<std::size_t>(plan.workspace_bytes() + 64, 1024));  // holds o
   Buffers b;
   const std::vector<std::uint16_t> o_before = b.o;
   const std::vector<float> h0_before = b.h0;
+  // Each alias stays inside allocations of its own (the overlapping pair in one buffer, or the
+  // smaller tensor inside the larger), so that the output overlaps only the named tensor whatever
+  // the heap's layout.
+  std::vector<float> states(b.h0.size() + 256, 0.0f);  // both states, 256 elements apart
   struct Case { const char* out; const char* other; std::function<void(gdnkit::Tensors&)> alias; };
   const std::vector<Case> cases = {
       {"o", "q", [&](gdnkit::Tensors& t) { t.o = b.q.data() + 16; }},  // one token on
       {"o", "v", [&](gdnkit::Tensors& t) { t.o = b.v.data(); }},       // exactly v: still an overlap
       {"o", "final_state", [&](gdnkit::Tensors& t) { t.o = reinterpret_cast<std::uint16_t*>(b.ht.data()); }},
-      {"final_state", "initial_state", [&](gdnkit::Tensors& t) { t.final_state = b.h0.data() + 256; }},
-      {"final_state", "g", [&](gdnkit::Tensors& t) { t.final_state = b.g.data(); }},
+      {"final_state", "initial_state",
+       [&](gdnkit::Tensors& t) { t.initial_state = states.data(), t.final_state = states.data() + 256; }},
+      {"final_state", "g", [&](gdnkit::Tensors& t) { t.g = b.ht.data() + 100; }},
       {"o", "workspace", [&](gdnkit::Tensors& t) { t.o = reinterpret_cast<std::uint16_t*>(ws.data()); }},
   };
   for (const auto& c : cases) {
