@@ -44,7 +44,7 @@ gpu:
 	bash scripts/gpu_check.sh
 
 # The CPU and emulator tests under AddressSanitizer and UndefinedBehaviorSanitizer (no GPU needed;
-# about 20 minutes on two cores): every host-side read and write of the kernels' logic is checked.
+# about 12 minutes on two cores): every host-side read and write of the kernels' logic is checked.
 sanitize: setup
 	cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDNKIT_WITH_CUDA=OFF \
 	  -DGDNKIT_BUILD_PYTHON=OFF -DGDNKIT_BUILD_BENCH=OFF -DGDNKIT_BUILD_CLI=OFF \
