@@ -391,7 +391,8 @@ __global__ void __launch_bounds__(kPrepThreads, 6) gdn_prep_kernel(const Chunked
   const std::int64_t slot = blockIdx.x;
   const int h = blockIdx.y;
   // The largest n with first_slot(bos_n, n) <= slot (first_slot is strictly increasing in n for a
-  // valid cu_seqlens; for an invalid one some slots find no chunk, as the walks find none there).
+  // valid cu_seqlens; for an invalid one a slot may find no chunk, and a walk may then read a record
+  // nobody wrote: wrong numbers, but inside the workspace).
   std::int64_t lo = 0, hi = p.num_seqs - 1;
   while (lo < hi) {
     const std::int64_t mid = (lo + hi + 1) / 2;
