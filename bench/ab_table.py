@@ -1,7 +1,7 @@
 """The table of an A/B or variants run of scripts/gpu_check.sh (its ab.txt or variants.txt).
 
 Those files hold blocks "== PATH/bench_gdnkit (round N)" of bench_gdnkit's rows (name, tokens,
-device_ms, host_us, kernel), each side timed once per round, alternately. This prints, per (row,
+device_ms, host_us, kernel and, in newer drivers, plan_us), each side timed once per round, alternately. This prints, per (row,
 kernel), every side's device ms in each round and its change against the reference side (the
 mean of its rounds against the reference's mean), so that a run reads as one table:
 
@@ -40,7 +40,7 @@ def parse(lines, build):
                 sides.append(side)
             continue
         f = line.split()
-        if side is None or len(f) != 5 or f[0] == "row":
+        if side is None or len(f) not in (5, 6) or f[0] == "row":
             continue
         try:
             ms = float(f[2])

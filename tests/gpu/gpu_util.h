@@ -149,11 +149,20 @@ class DeviceWorkspace {
 // 128-column variant where dv = 128 and the 64-column one where dv = 64, "fused-v64" the
 // 64-column one everywhere; "short" requires the short walk (16-token chunks) of the widest CTA
 // that divides dv, for every problem of 16-bit q/k/v.
+// GDNKIT_TEST_KERNEL's value; unset and empty both mean the planner's choice, and any other value
+// than the three modes fails the test that asks (a misspelt mode would otherwise run the default).
+inline std::string suite_kernel_mode() {
+  const char* env = std::getenv("GDNKIT_TEST_KERNEL");
+  const std::string mode = env != nullptr ? env : "";
+  if (!mode.empty() && mode != "fused" && mode != "fused-v64" && mode != "short")
+    ADD_FAILURE() << "GDNKIT_TEST_KERNEL: expected fused, fused-v64, short or empty, got '" << mode << "'";
+  return mode;
+}
+
 inline gdnkit::Options suite_options(const gdnkit::Problem& p, gdnkit::Options o = {}) {
   thread_local std::string name;
-  const char* env = std::getenv("GDNKIT_TEST_KERNEL");
-  if (o.kernel != nullptr || o.segments != 0 || env == nullptr) return o;
-  const std::string mode = env;
+  if (o.kernel != nullptr || o.segments != 0) return o;
+  const std::string mode = suite_kernel_mode();
   if (mode != "fused" && mode != "fused-v64" && mode != "short") return o;
   if (p.qkv_dtype != DType::bf16 && p.qkv_dtype != DType::f16) return o;
   if (mode == "short") {

@@ -277,7 +277,7 @@ TEST_F(Cuda, LptShareBatch) {
   GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr &&
-      std::getenv("GDNKIT_TEST_KERNEL") == nullptr)
+      test::suite_kernel_mode().empty())
     EXPECT_EQ(kernel, "cuda-fused-sm90-bf16-k128");
 }
 
@@ -433,7 +433,7 @@ TEST_F(Cuda, LinearGateExtremes) {
 // (sequence, head, column block) walks there are per SM, so a growing number of sequences walks
 // every size on a 132-SM H200 (fewer on other devices). Each must be exact against the oracle.
 TEST_F(Cuda, WalkCtaSizes) {
-  if (std::getenv("GDNKIT_TEST_KERNEL") != nullptr) GTEST_SKIP() << "tests the planner's choice; GDNKIT_TEST_KERNEL is set";
+  if (!test::suite_kernel_mode().empty()) GTEST_SKIP() << "tests the planner's choice; GDNKIT_TEST_KERNEL is set";
   const int sms = test::sm_count();
   std::set<std::string> kernels;
   int i = 0;
