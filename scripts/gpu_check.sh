@@ -20,6 +20,9 @@
 #       bash scripts/gpu_check.sh
 #       (the same, against bench_gdnkit with only fused_sm90.cu recompiled under each variant's
 #        flags, several flags joined by '#': a minute per variant instead of a second build)
+#   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
+#       (the same with drivers built beforehand without a GPU by scripts/prebuild_drivers.sh and
+#        carried as DRIVERS/NAME.xz: nothing is built on the GPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -168,22 +171,14 @@ if has ab; then
 fi
 
 if has variants; then
-  # Each variant NAME:FLAGS recompiles fused_sm90.cu with FLAGS (ninja's own command for it), puts
-  # the object into a copy of the library and relinks bench_gdnkit beside it; all are built at once.
+  # Each variant NAME:FLAGS recompiles fused_sm90.cu with FLAGS and relinks bench_gdnkit beside the
+  # library (scripts/variant_driver.sh); all are built at once.
   rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
-  cc=$(cd "$BUILD" && ninja -t commands bench_gdnkit | grep -- '-c .*fused_sm90.cu' | head -1 | sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//')
-  ln=$(cd "$BUILD" && ninja -t commands bench_gdnkit | grep -- '-o bench_gdnkit' | head -1)
-  obj=$(printf '%s\n' "$cc" | grep -oE -- '-o [^ ]+' | tail -1 | cut -c4-)
   sides=("$BUILD/bench_gdnkit")
   for v in ${VARIANTS:-}; do
-    name=${v%%:*}; flags=${v#*:}; flags=${flags//#/ }; d=variant-$name
-    (
-      cd "$BUILD" && mkdir -p "$d" &&
-        eval "${cc/-o $obj/-o $d/fused_sm90.cu.o} $flags" >"$d/build.log" 2>&1 &&
-        cp libgdnkit.a "$d/libgdnkit.a" && ar r "$d/libgdnkit.a" "$d/fused_sm90.cu.o" &&
-        eval "$(printf '%s' "$ln" | sed -e "s| libgdnkit.a | $d/libgdnkit.a |" -e "s|-o bench_gdnkit|-o $d/bench_gdnkit|")" >>"$d/build.log" 2>&1
-    ) &
-    sides+=("$BUILD/$d/bench_gdnkit")
+    name=${v%%:*}
+    bash scripts/variant_driver.sh "$BUILD" "$name" "${v#*:}" &
+    sides+=("$BUILD/variant-$name/bench_gdnkit")
   done
   wait
   for bin in "${sides[@]:1}"; do
@@ -198,6 +193,31 @@ if has variants; then
   done | tee "$OUT/variants.txt"
   $PY bench/ab_table.py "$OUT/variants.txt" --build "$(basename "$BUILD")" | tee "$OUT/variants-table.txt"
   note "variants: ${VARIANTS:-none} (times in $OUT/variants.txt, the table in variants-table.txt)"
+fi
+
+if has drivers; then
+  # Drivers built elsewhere (scripts/prebuild_drivers.sh, on a machine without a GPU) and carried as
+  # DRIVERS/NAME.xz: no build here, so an A/B costs only its timing. Each side is timed once per
+  # round, alternately; the table compares every side with DRIVERS_REF (default: "this").
+  rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
+  dir=${DRIVERS:-build-ab/drivers}
+  sides=()
+  for f in "$dir"/*.xz; do
+    [ -e "$f" ] || continue
+    name=$(basename "$f" .xz)
+    mkdir -p "/tmp/gdnkit-drivers/$name"
+    xz -dc "$f" >"/tmp/gdnkit-drivers/$name/bench_gdnkit" && chmod +x "/tmp/gdnkit-drivers/$name/bench_gdnkit" &&
+      sides+=("/tmp/gdnkit-drivers/$name/bench_gdnkit")
+  done
+  note "drivers: ${#sides[@]} from $dir"
+  for round in $(seq "${AB_ROUNDS:-3}"); do
+    for bin in "${sides[@]}"; do
+      echo "== $bin (round $round)"
+      "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'
+    done
+  done | tee "$OUT/drivers.txt"
+  $PY bench/ab_table.py "$OUT/drivers.txt" --ref "${DRIVERS_REF:-this}" | tee "$OUT/drivers-table.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has bench; then

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds bench_gdnkit for one compile-time variant of the fused kernel: fused_sm90.cu recompiled
+# with extra flags (ninja's own command for it), put into a copy of the library, the driver relinked
+# against that copy. A minute per variant instead of a second build of the whole tree.
+#
+#   scripts/variant_driver.sh BUILD NAME FLAGS     -> BUILD/variant-NAME/bench_gdnkit
+#
+# BUILD is a configured build folder whose bench_gdnkit is built; FLAGS are nvcc flags joined by
+# '#' (e.g. "-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=1#-DOTHER=2"). Used by gpu_check.sh's variants stage
+# and by prebuild_drivers.sh (drivers built without a GPU, timed on one later).
+set -euo pipefail
+build=$1 name=$2 flags=${3//#/ }
+cd "$build"
+cc=$(ninja -t commands bench_gdnkit | grep -- '-c .*fused_sm90.cu' | head -1 | sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//')
+ln=$(ninja -t commands bench_gdnkit | grep -- '-o bench_gdnkit' | head -1)
+obj=$(printf '%s\n' "$cc" | grep -oE -- '-o [^ ]+' | tail -1 | cut -c4-)
+[ -n "$cc" ] && [ -n "$ln" ] || { echo "variant_driver.sh: $build has no bench_gdnkit commands" >&2; exit 1; }
+d=variant-$name
+mkdir -p "$d"
+eval "${cc/-o $obj/-o $d/fused_sm90.cu.o} $flags" >"$d/build.log" 2>&1
+cp libgdnkit.a "$d/libgdnkit.a"
+ar r "$d/libgdnkit.a" "$d/fused_sm90.cu.o"
+eval "$(printf '%s' "$ln" | sed -e "s| libgdnkit.a | $d/libgdnkit.a |" -e "s|-o bench_gdnkit|-o $d/bench_gdnkit|")" >>"$d/build.log" 2>&1
