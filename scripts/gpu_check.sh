@@ -20,6 +20,8 @@
 #       bash scripts/gpu_check.sh
 #       (the same, against bench_gdnkit with only fused_sm90.cu recompiled under each variant's
 #        flags, several flags joined by '#': a minute per variant instead of a second build)
+#   PACK_OUT=1 ... bash scripts/gpu_check.sh   (the logs in $OUT/logs.tar.xz, beside summary.txt,
+#                                               the tables and the benchmark's files)
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
 #       (the same with drivers built beforehand without a GPU by scripts/prebuild_drivers.sh and
 #        carried as DRIVERS/NAME.xz: nothing is built on the GPU machine)
@@ -231,5 +233,15 @@ if has bench; then
 fi
 
 echo
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+# PACK_OUT=1: every log in one archive, beside the few files read first (the summary, the tables,
+# the benchmark's results), for transports that bring back only a handful of files.
+if [ "${PACK_OUT:-0}" = 1 ]; then
+  (
+    cd "$OUT" &&
+      keep='^(summary\.txt|bench\.(json|png|txt)|[a-z]+-table\.txt)$' &&
+      files=$(ls -p | grep -v / | grep -vE "$keep" | grep -v '^logs\.tar\.xz$') &&
+      [ -n "$files" ] && tar -cJf logs.tar.xz $files && rm -f $files
+  )
+fi
 exit $status
