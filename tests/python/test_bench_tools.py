@@ -49,3 +49,22 @@ def test_another_reference_and_a_bad_one(tmp_path):
     assert "+14.9%" in r.stdout  # 0.81 against 0.705
     bad = table(tmp_path, "--ref", "nope")
     assert bad.returncode != 0 and "--ref nope" in bad.stderr and "this, s64" in bad.stderr
+
+
+def test_rows_with_the_planning_column_and_carried_drivers(tmp_path):
+    # Newer drivers print plan_us after the kernel; gpu_check.sh's drivers stage names a side by
+    # the folder it unpacked the driver into.
+    run = """== /tmp/gdnkit-drivers/this/bench_gdnkit (round 1)
+row                                      tokens  device_ms    host_us kernel plan_us
+qwen35tp8-2x8-b1-t32768                   32768     0.3200      10.51 cuda-fused-sm90-bf16-k128-cp8 1.71
+== /tmp/gdnkit-drivers/bsw/bench_gdnkit (round 1)
+row                                      tokens  device_ms    host_us kernel plan_us
+qwen35tp8-2x8-b1-t32768                   32768     0.3040      10.56 cuda-fused-sm90-bf16-k128-cp8 1.77
+"""
+    f = tmp_path / "drivers.txt"
+    f.write_text(run)
+    r = subprocess.run([sys.executable, TOOL, str(f)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[-2:] == ["this", "bsw"]
+    assert "cuda-fused-sm90-bf16-k128-cp8" in lines[1] and "0.3040 -5.0%" in lines[1]
