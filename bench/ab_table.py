@@ -62,21 +62,25 @@ def main():
     if a.ref not in sides:
         sys.exit(f"--ref {a.ref}: not a side of {a.file} ({', '.join(sides)})")
     sides = [a.ref] + [s for s in sides if s != a.ref]
-    print("%-30s %-36s" % ("row", "kernel") + "".join("%24s" % s for s in sides))
+    lines = []
     for (row, kernel), by in times.items():
         ref = by.get(a.ref)
         cells = []
         for s in sides:
             t = by.get(s)
             if not t:
-                cells.append("%24s" % "-")
+                cells.append("-")
                 continue
             text = "/".join("%.4f" % x for x in t)
             if s != a.ref and ref:
                 text += " %+.1f%%" % (100.0 * (sum(t) / len(t) / (sum(ref) / len(ref)) - 1.0))
-            cells.append("%24s" % text)
-        print("%-30s %-36s" % (row, kernel) + "".join(cells))
-
+            cells.append(text)
+        lines.append((row, kernel, cells))
+    # Columns as wide as their widest cell (three or more rounds make long ones).
+    w = [max([len(s)] + [len(c[2][i]) for c in lines]) + 2 for i, s in enumerate(sides)]
+    print("%-30s %-36s" % ("row", "kernel") + "".join(s.rjust(w[i]) for i, s in enumerate(sides)))
+    for row, kernel, cells in lines:
+        print("%-30s %-36s" % (row, kernel) + "".join(c.rjust(w[i]) for i, c in enumerate(cells)))
 
 if __name__ == "__main__":
     main()

@@ -40,6 +40,21 @@ summary=()
 
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 note() { summary+=("$1"); echo "== $1"; }
+# The A/B stages' timing: every driver (side) once per round, alternately, so that clocks and the
+# machine are shared, on the rows of AB_ROWS (default: six cuLA and model rows), with AB_KERNELS
+# and AB_ARGS as given; sides not built are left out.
+# Usage: time_sides ROUNDS NAME SIDE...  -> $OUT/NAME.txt (bench/ab_table.py reads it)
+time_sides() {
+  local rounds=$1 name=$2; shift 2
+  local rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
+  for round in $(seq "$rounds"); do
+    for bin in "$@"; do
+      [ -x "$bin" ] || continue
+      echo "== $bin (round $round)"
+      "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'
+    done
+  done | tee "$OUT/$name.txt"
+}
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gdnkit-site .whl/*.whl \
@@ -150,8 +165,6 @@ if has ab; then
   # The base trees' benchmark drivers, built beside this one's (same compiler and flags), then all
   # timed alternately on the same rows and kernels, so that clocks and the machine are shared.
   # AB_BASE may list several trees (space-separated): each is one more side of the comparison.
-  rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
-  kernels=${AB_KERNELS:+--kernels $AB_KERNELS}
   sides=()
   for base in ${AB_BASE:-build-ab/base-src}; do
     dir=$BUILD-ab-$(basename "$base")
@@ -163,19 +176,13 @@ if has ab; then
     if [ $rc -eq 0 ]; then sides+=("$dir/bench_gdnkit"); else status=1; tail -20 "$OUT/ab-build.log"; fi
   done
   sides+=("$BUILD/bench_gdnkit")
-  for round in 1 2; do
-    for bin in "${sides[@]}"; do
-      echo "== $bin (round $round)"
-      "$bin" --reps 10 --only "$rows" $kernels ${AB_ARGS:-} 2>&1 | grep -v '^#'
-    done
-  done | tee "$OUT/ab.txt"
+  time_sides 2 ab "${sides[@]}"
   $PY bench/ab_table.py "$OUT/ab.txt" --build "$(basename "$BUILD")" | tee "$OUT/ab-table.txt"
 fi
 
 if has variants; then
   # Each variant NAME:FLAGS recompiles fused_sm90.cu with FLAGS and relinks bench_gdnkit beside the
   # library (scripts/variant_driver.sh); all are built at once.
-  rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
   sides=("$BUILD/bench_gdnkit")
   for v in ${VARIANTS:-}; do
     name=${v%%:*}
@@ -186,13 +193,7 @@ if has variants; then
   for bin in "${sides[@]:1}"; do
     [ -x "$bin" ] || { status=1; note "variants: $bin not built: $(tail -3 "$(dirname "$bin")/build.log" | tr '\n' ' ')"; }
   done
-  for round in 1 2; do
-    for bin in "${sides[@]}"; do
-      [ -x "$bin" ] || continue
-      echo "== $bin (round $round)"
-      "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'
-    done
-  done | tee "$OUT/variants.txt"
+  time_sides 2 variants "${sides[@]}"
   $PY bench/ab_table.py "$OUT/variants.txt" --build "$(basename "$BUILD")" | tee "$OUT/variants-table.txt"
   note "variants: ${VARIANTS:-none} (times in $OUT/variants.txt, the table in variants-table.txt)"
 fi
@@ -201,7 +202,6 @@ if has drivers; then
   # Drivers built elsewhere (scripts/prebuild_drivers.sh, on a machine without a GPU) and carried as
   # DRIVERS/NAME.xz: no build here, so an A/B costs only its timing. Each side is timed once per
   # round, alternately; the table compares every side with DRIVERS_REF (default: "this").
-  rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
   dir=${DRIVERS:-build-ab/drivers}
   sides=()
   for f in "$dir"/*.xz; do
@@ -212,12 +212,7 @@ if has drivers; then
       sides+=("/tmp/gdnkit-drivers/$name/bench_gdnkit")
   done
   note "drivers: ${#sides[@]} from $dir"
-  for round in $(seq "${AB_ROUNDS:-3}"); do
-    for bin in "${sides[@]}"; do
-      echo "== $bin (round $round)"
-      "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'
-    done
-  done | tee "$OUT/drivers.txt"
+  time_sides "${AB_ROUNDS:-3}" drivers "${sides[@]}"
   $PY bench/ab_table.py "$OUT/drivers.txt" --ref "${DRIVERS_REF:-this}" | tee "$OUT/drivers-table.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
