@@ -204,6 +204,15 @@ inline int sm_count() {
   return sms;
 }
 
+// Whether the current device is compute capability 9.0 (H100/H200), where the sm_90a kernels run.
+inline bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  GDN_CUDA(cudaGetDevice(&dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
 // Every o element of the case written (no poison), nothing around it touched, guards intact;
 // the part of test::compare that needs no oracle. Empty when all is well.
 inline std::string written_issues(const Case& c) {

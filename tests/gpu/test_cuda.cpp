@@ -272,11 +272,8 @@ TEST_F(Cuda, LptShareBatch) {
   s.seed = 565;
   std::string kernel;
   check_case(s, "N=12 uneven, 64 heads, lpt shares", &kernel);
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr &&
+  const bool sm90 = test::device_is_sm90();
+  if (sm90 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr &&
       test::suite_kernel_mode().empty())
     EXPECT_EQ(kernel, "cuda-fused-sm90-bf16-k128");
 }
@@ -471,10 +468,7 @@ TEST_F(Cuda, WalkCtaSizes) {
 // batch (tail chunks of 1..3 row blocks, an empty sequence, initial state, both layouts). A kernel
 // the device cannot run (wgmma off sm_90) must be refused as unsupported, naming options.kernel.
 TEST_F(Cuda, EveryKernel) {
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const bool sm90 = test::device_is_sm90();
   int ran = 0, i = 0;
   for (const cuda::SplitKernelList list :
        {cuda::split_kernels_bf16(), cuda::split_kernels_f16(), cuda::fused_kernels()})
@@ -493,7 +487,7 @@ TEST_F(Cuda, EveryKernel) {
       s.seed = 1200 + i++;
       gdnkit::Options o;
       o.kernel = k.name;
-      if (k.sm90a && !(major == 9 && minor == 0)) {
+      if (k.sm90a && !sm90) {
         Case c = test::random_case(s);
         DeviceCase d(c);
         expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::unsupported, "options.kernel",
@@ -519,7 +513,7 @@ TEST_F(Cuda, EveryKernel) {
                "cuda-split-mma-bf16-k128-w4");
   // The fused kernel walks 128 value columns per CTA: required at dv = 64, it is refused by name
   // (its -v64 variant runs there).
-  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
+  if (sm90 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
     Spec s64 = s;
     s64.dv = 64;
     Case c64 = test::random_case(s64);
@@ -605,14 +599,11 @@ TEST_F(Cuda, NonFiniteNeighbourSequence) {
   for (const cuda::SplitKernelList list : {cuda::split_kernels_bf16(), cuda::fused_kernels()})
     for (int j = 0; j < list.count; ++j)
       if (list.begin[j].dk == 128 && list.begin[j].dtype == DType::bf16) names.push_back(list.begin[j].name);
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const bool sm90 = test::device_is_sm90();
   int ran = 0;
   for (const char* name : names) {
     if (std::string(name).find("wgmma") != std::string::npos || std::string(name).find("fused") != std::string::npos)
-      if (!(major == 9 && minor == 0)) continue;
+      if (!sm90) continue;
     Spec s;
     s.lens = {70, 100};
     s.Hq = s.Hk = s.Hv = 1;
@@ -664,11 +655,7 @@ bool split_runs_here();
 // o and the states (guards intact). scripts/gpu_check.sh's sanitize stage runs this test under
 // memcheck, which also sees any read outside the inputs and the workspace.
 TEST_F(Cuda, BadSeqlensStayInBounds) {
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  const bool sm90a = major == 9 && minor == 0;
+  const bool sm90a = test::device_is_sm90();
   struct Run {
     const char* kernel;
     int dk;
@@ -960,20 +947,14 @@ TEST_F(Cuda, FusedSizeLimits) {
   gdnkit::Options fused;
   fused.segments = 1;
   fused.kernel = cuda::find_fused_kernel(DType::bf16, 128, 128)->name;
-  int major = 0, minor = 0, dev = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (major == 9 && minor == 0) EXPECT_NO_THROW(Plan::create(p, fused));
+  const bool sm90 = test::device_is_sm90();
+  if (sm90) EXPECT_NO_THROW(Plan::create(p, fused));
 }
 
 // The planner's choice, its shared memory and occupancy (printed for the record). Every walk CTA
 // size must fit at least one CTA per SM, and the planner's pick must be a listed instantiation.
 TEST_F(Cuda, PlanReportsKernel) {
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const bool sm90 = test::device_is_sm90();
   for (DType dt : {DType::bf16, DType::f16})
     for (int d : {64, 128})
       for (std::int64_t seqs : {1, 1000}) {
@@ -988,12 +969,12 @@ TEST_F(Cuda, PlanReportsKernel) {
         const bool wgmma = name.rfind("cuda-split-wgmma-", 0) == 0;
         const bool fused = name.rfind("cuda-fused-sm90-", 0) == 0;
         EXPECT_TRUE(wgmma || fused || name.rfind("cuda-split-mma-", 0) == 0) << name;
-        if (wgmma || fused) EXPECT_TRUE(major == 9 && minor == 0) << name;
+        if (wgmma || fused) EXPECT_TRUE(sm90) << name;
         // 100 tokens per sequence (more than 32 on average): the fused kernel at dv 128, in
         // 128-column blocks where its 2,000 walks fill the SMs, in 64-column ones (CTA pairs) for
         // one sequence of two chunks.
         const bool fused_expected =
-            d == 128 && major == 9 && minor == 0 && cuda::find_fused_kernel(dt, 128, 128) != nullptr;
+            d == 128 && sm90 && cuda::find_fused_kernel(dt, 128, 128) != nullptr;
         EXPECT_EQ(fused, fused_expected) << name;
         const bool v64 = name.size() > 4 && name.substr(name.size() - 4) == "-v64";
         if (fused_expected) EXPECT_EQ(v64, seqs == 1) << name;
@@ -1014,7 +995,8 @@ TEST_F(Cuda, PlanReportsKernel) {
           GDN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&prep_ctas, k->prep_func, cuda::kPrepThreads,
                                                                  k->prep_smem));
         EXPECT_GE(prep_ctas, fused ? 0 : 1);
-        std::printf("INFO cuda sm_%d%d %d SMs  N=%-5lld H=2 d=%d  kernel %-30s smem %zu B  CTAs/SM %d\n", major, minor,
+        std::printf("INFO cuda %s %d SMs  N=%-5lld H=2 d=%d  kernel %-30s smem %zu B  CTAs/SM %d\n",
+                    sm90 ? "sm_90" : "not sm_90",
                     test::sm_count(), static_cast<long long>(seqs), d, name.c_str(), k->walk_smem, ctas);
         std::printf("INFO   prep smem %zu B  CTAs/SM %d  workspace %zu B\n", k->prep_smem, prep_ctas,
                     plan.workspace_bytes());
@@ -1024,7 +1006,7 @@ TEST_F(Cuda, PlanReportsKernel) {
   // a few short sequences and for long ones with heads near half the SMs (pairs of CTAs sharing records), the
   // split path for long ones with few heads and at dv = 64, the short walk for sequences of a few
   // tokens (short_walk_takes).
-  if (major == 9 && minor == 0 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
+  if (sm90 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
     struct Expect {
       std::int64_t heads, seqs, tokens;
       int dv;
@@ -1073,7 +1055,7 @@ TEST_F(Cuda, PlanReportsKernel) {
   for (DType dt : {DType::bf16, DType::f16})
     for (int d : {64, 128})
       for (int w : {1, 2, 4, 8, -4, -8}) {  // negative: the wgmma walk of -w warps (sm_90a)
-        if (w < 0 && !(major == 9 && minor == 0)) continue;
+        if (w < 0 && !sm90) continue;
         const cuda::SplitKernel* k = cuda::find_split_kernel(dt, d, w < 0 ? -w : w, w < 0);
         if (w < 0 && k == nullptr) continue;  // built without the CUTLASS headers
         ASSERT_NE(k, nullptr);
@@ -1094,11 +1076,8 @@ TEST_F(Cuda, PlanReportsKernel) {
 // for bit those of the unsplit run. Each variant refuses a call without a walk list, and the plain
 // kernel one with it.
 TEST_F(Cuda, FusedWalkList) {
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  if (!(major == 9 && minor == 0) || cuda::find_fused_kernel(DType::bf16, 128, 128, true) == nullptr)
+  const bool sm90 = test::device_is_sm90();
+  if (!sm90 || cuda::find_fused_kernel(DType::bf16, 128, 128, true) == nullptr)
     GTEST_SKIP() << "the fused kernel runs on compute capability 9.0 only";
   int i = 0;
   for (DType dt : {DType::bf16, DType::f16})
@@ -1203,11 +1182,7 @@ namespace {
 
 // The split's kernels run here: compute capability 9.0 and a build with the fused kernels.
 bool split_runs_here() {
-  int dev = 0, major = 0, minor = 0;
-  GDN_CUDA(cudaGetDevice(&dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  GDN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0 && gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true) != nullptr;
+  return test::device_is_sm90() && gdnkit::cuda::find_fused_kernel(DType::bf16, 128, 128, true) != nullptr;
 }
 
 Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, std::uint64_t seed) {
