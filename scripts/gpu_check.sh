@@ -47,8 +47,13 @@ note() { summary+=("$1"); echo "== $1"; }
 time_sides() {
   local rounds=$1 name=$2; shift 2
   local rows=${AB_ROWS:-fixed-b1-t4096,fixed-b1-t16384,fixed-b2-t512,fixed-b2-t16384,varlen-n20-t4096-random,qwen35-16x64-b4-t8192}
+  local sides=("$@") reversed=() i
+  for ((i = $# - 1; i >= 0; i--)); do reversed+=("${sides[i]}"); done
   for round in $(seq "$rounds"); do
-    for bin in "$@"; do
+    # Even rounds in reverse order, so that no side always runs first (drift, clocks).
+    local order=("${sides[@]}")
+    [ $((round % 2)) -eq 0 ] && order=("${reversed[@]}")
+    for bin in "${order[@]}"; do
       [ -x "$bin" ] || continue
       echo "== $bin (round $round)"
       "$bin" --reps 10 --only "$rows" ${AB_KERNELS:+--kernels $AB_KERNELS} ${AB_ARGS:-} 2>&1 | grep -v '^#'

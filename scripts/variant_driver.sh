@@ -7,12 +7,15 @@
 #
 # BUILD is a configured build folder whose bench_gdnkit is built; FLAGS are nvcc flags joined by
 # '#' (e.g. "-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=1#-DOTHER=2"). Used by gpu_check.sh's variants stage
-# and by prebuild_drivers.sh (drivers built without a GPU, timed on one later).
+# and by prebuild_drivers.sh (drivers built without a GPU, timed on one later). SPILLS_OK=1 drops
+# the spill check (GDNKIT_SPILL_CHECK) from the variant's compile: for instrumented builds (the step
+# marks: -DGDNKIT_FUSED_TIMELINE#-DGDNKIT_STEP_MARKS), which spill and are read for their marks only.
 set -euo pipefail
 build=$1 name=$2 flags=${3//#/ }
 cd "$build"
 cc=$(ninja -t commands bench_gdnkit | grep -- '-c .*fused_sm90.cu' | head -1 | sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//')
 ln=$(ninja -t commands bench_gdnkit | grep -- '-o bench_gdnkit' | head -1)
+[ "${SPILLS_OK:-0}" = 1 ] && cc=${cc//-Xptxas=-warn-spills,-Werror/}
 obj=$(printf '%s\n' "$cc" | grep -oE -- '-o [^ ]+' | tail -1 | cut -c4-)
 [ -n "$cc" ] && [ -n "$ln" ] || { echo "variant_driver.sh: $build has no bench_gdnkit commands" >&2; exit 1; }
 d=variant-$name

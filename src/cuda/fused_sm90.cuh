@@ -8,7 +8,7 @@
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
 //                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
 //                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo, straight into the
-//                      128-byte-swizzled tiles the walk's wgmma reads. In the unsplit 128-column
+//                      128-byte-swizzled tiles the walk's wgmma reads. In the 128-column
 //                      kernels (kBlockSolve) only the inverses of its two 32 x 32 diagonal blocks,
 //                      Mt's two diagonal 32 x 32 blocks and -C = -(K K^T) .* D below them: the walk
 //                      finishes Vn by block substitution (docs/math.md). Elsewhere the whole Mt
