@@ -8,7 +8,8 @@
 #
 #   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
-#   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs.
+#   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs;
+#   EMU=1 adds the emulator's tests (CPU only, minutes) to its ctest run.
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
 #                                                PROFILE_KERNELS=fused for the fused kernel)
@@ -78,10 +79,8 @@ if has build; then
 fi
 
 if has test; then
-  # CPU suites through ctest; the GPU suite directly, so that its per-case error lines are kept.
-  ctest --test-dir "$BUILD" --output-on-failure -LE gpu -j 4 >"$OUT/ctest.log" 2>&1
-  rc=$?; [ $rc -ne 0 ] && status=1
-  note "ctest (cpu): rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  # The GPU suite directly, so that its per-case error lines are kept; then the CPU suites through
+  # ctest, without the emulator's (label emu: six minutes here, and CI runs them) unless EMU=1.
   "$BUILD/tests/gdnkit_gpu_tests" >"$OUT/gpu_tests.log" 2>&1
   rc=$?; [ $rc -ne 0 ] && status=1
   note "gpu tests: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
@@ -95,6 +94,9 @@ if has test; then
     note "gpu tests, $mode: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/gpu_tests_$mode.log" | tr '\n' ' ') ($(grep -c "cuda-${mode%%-*}" "$OUT/gpu_tests_$mode.log") cases on it)"
     grep -E '^\[  FAILED' "$OUT/gpu_tests_$mode.log" | head -20
   done
+  ctest --test-dir "$BUILD" --output-on-failure -LE "gpu$([ "${EMU:-0}" = 1 ] || echo '|emu')" -j 4 >"$OUT/ctest.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "ctest (cpu): rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
   if [ "${PYTEST:-1}" != 0 ]; then
     PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} $PY -m pytest tests/python -q -s -rs >"$OUT/pytest.log" 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1

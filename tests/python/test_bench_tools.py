@@ -68,3 +68,36 @@ qwen35tp8-2x8-b1-t32768                   32768     0.3040      10.56 cuda-fused
     lines = r.stdout.splitlines()
     assert lines[0].split()[-2:] == ["this", "bsw"]
     assert "cuda-fused-sm90-bf16-k128-cp8" in lines[1] and "0.3040 -5.0%" in lines[1]
+
+
+def test_drivers_stage_alternates_the_order_of_its_sides(tmp_path):
+    # gpu_check.sh's drivers stage with two stand-in drivers: every side once per round, even
+    # rounds in reverse order, and the table against "this".
+    import shutil
+
+    if shutil.which("xz") is None:
+        import pytest
+
+        pytest.skip("xz not installed")
+    drivers = tmp_path / "drivers"
+    drivers.mkdir()
+    for name, ms in (("alt", "0.0450"), ("this", "0.0500")):
+        script = tmp_path / name
+        script.write_text(
+            "#!/bin/sh\n"
+            "echo 'row                                      tokens  device_ms    host_us kernel plan_us'\n"
+            f"echo 'fixed-b2-t512                              1024     {ms}       5.71 cuda-fused-sm90-bf16-k128 1.20'\n"
+        )
+        with open(drivers / f"{name}.xz", "wb") as f:
+            subprocess.run(["xz", "-c", str(script)], stdout=f, check=True)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), STAGES="drivers", DRIVERS=str(drivers), AB_ROUNDS="3", PY=sys.executable)
+    script = os.path.join(HERE, "..", "..", "scripts", "gpu_check.sh")
+    r = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    heads = [line.split("/")[-2] + " " + line.split()[-1] for line in (out / "drivers.txt").read_text().splitlines()
+             if line.startswith("== ")]
+    assert heads == ["alt 1)", "this 1)", "this 2)", "alt 2)", "alt 3)", "this 3)"], heads
+    rows = (out / "drivers-table.txt").read_text().splitlines()
+    assert rows[0].split()[-2:] == ["this", "alt"], rows
+    assert "0.0450/0.0450/0.0450 -10.0%" in rows[1], rows
