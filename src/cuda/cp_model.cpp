@@ -3,7 +3,9 @@
 // Microseconds of device time, fitted to H200 sweeps of options.segments (docs/perf-notes.md,
 // "Context parallelism" and "The planner refitted"): a fused walk-list CTA takes about 4.9 us per
 // 64-token chunk with 128 value columns and 4.8 us with 64 when every SM runs one, plus about one
-// chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves. Unsplit at
+// chunk's time to fill its pipeline; CTAs beyond one per SM run in further waves. The unsplit
+// 128-column kernel, since the block solve, about 3.52 us per chunk (measured on batches that
+// fill one or two waves). Unsplit at
 // dv = 128, the 64-column CTAs run in pairs that share their records: 3.63 us per chunk and two
 // chunks' time to fill ("CTA pairs sharing records"; the split's stage 1 keeps 4.8 until measured
 // with pairs). An exact split's stage 1 at 128 columns with each segment's value and map CTA in a
@@ -31,6 +33,9 @@ namespace {
 
 constexpr std::int64_t kChunkTokens = 64;
 constexpr double kStepFused128 = 4.9, kStepFused64 = 4.8, kStepFused64Pairs = 3.63, kScanStep = 4.5, kCpFixed = 30.0;
+// The unsplit 128-column kernel since the block solve (d7ce496 on an H200: fixed-b2-t16384 0.902 ms,
+// qwen35-16x64-b4-t8192 0.901, fixed-b2-t4096 0.232; it had been 4.9 like the walk-list kernel).
+constexpr double kStepFusedUnsplit128 = 3.52;
 // Stage 1 of an exact split at 128 columns: a segment's value and map CTA share their records.
 constexpr double kStepFused128Pairs = 4.0;
 // Stage 1 at 64 columns where its CTAs run in pairs (dk and dv multiples of 128: two value blocks
@@ -52,7 +57,7 @@ double cp_unsplit_cost(UnsplitKernel k, const detail::Shape& s, int sms) {
   const double walk = static_cast<double>(waves((s.dv / cols) * s.H * n, sms));
   if (k.fused) {
     if (cols == 64 && s.dv == 128) return static_cast<double>(chunks + 2) * kStepFused64Pairs * walk;
-    return static_cast<double>(chunks) * fused_step(cols) * walk;
+    return static_cast<double>(chunks) * (cols == 128 ? kStepFusedUnsplit128 : kStepFused64) * walk;
   }
   return static_cast<double>(chunks) * (walk_step(k.warps) * walk + kPrepPerWalkChunk * static_cast<double>(s.H * n)) +
          kSplitPathFixed;

@@ -159,6 +159,22 @@ TEST(CpModel, Fused64PairsOnTheH200) {
     EXPECT_EQ(cp_choose(shape(64, 1, len), kH200Sms, {true, 4}, 0, len, true, false).nseg, 0) << len;
 }
 
+// The unsplit 128-column fused kernel (block solve) on batches of many walks: one or two waves of
+// 132 SMs (d7ce496 on an H200, bench/results/nvidia-h200-2026-12-05-d7ce496-step-experiments.txt
+// and the A/Bs beside it; qwen35-16x64-b4-t8192 as 64 value heads). The estimate had used the
+// walk-list kernel's 4.9 us per chunk, 39% high.
+TEST(CpModel, Fused128UnsplitOnTheH200) {
+  struct M {
+    int heads;
+    std::int64_t seqs, len;
+    double ms;
+  };
+  for (const M& m : {M{64, 2, 16384, 0.9022}, M{64, 4, 8192, 0.9006}, M{64, 2, 4096, 0.2318}}) {
+    const double us = cp_unsplit_cost({true, 8}, shape(m.heads, m.seqs, m.len), kH200Sms);
+    EXPECT_NEAR(us / 1000.0, m.ms, 0.05 * m.ms) << m.heads << " heads, " << m.seqs << " x " << m.len << " tokens";
+  }
+}
+
 // Packed lengths unknown to the host (no max_seq_len): the worst case, one sequence of all the
 // tokens, is planned where equal lengths would still be cut and cost at most 5% more.
 TEST(CpModel, PackedWithoutTheHint) {
