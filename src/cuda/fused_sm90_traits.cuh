@@ -74,7 +74,7 @@
 #endif
 // GDNKIT_FUSED_BLOCK_SOLVE_WALKS (default 1): the walk-list kernels at 128 columns (a split's stage
 // 1) solve by blocks too, spill-free since their lane constants are opaque copies (walk_opaque).
-// Against 0 (docs/perf-notes.md): the 128-column splits 0.9-1.8% faster, their errors 4-8% lower.
+// Against 0 (docs/perf-notes.md): the 128-column splits 0.8-1.7% faster, their errors 4-8% lower.
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE_WALKS
 #define GDNKIT_FUSED_BLOCK_SOLVE_WALKS 1
 #endif
@@ -105,7 +105,7 @@ struct FusedSm90 {
   // (GDNKIT_FUSED_BLOCK_SOLVE): the record holds Mt's two 32 x 32 diagonal blocks and, below them,
   // -C = -(K K^T) .* D, so that the aux's inverse forms 2 of the 6 blocks left of its diagonal
   // (invert_unit_lower's kHalves).
-  // Only in the 128-column kernels, whose aux sets the step: unsplit 10-13.5% faster, a split's
+  // Only in the 128-column kernels, whose aux had set the step: unsplit 10-13.5% faster, a split's
   // stage 1 (the walk-list kernels, unless GDNKIT_FUSED_BLOCK_SOLVE_WALKS=0) 1-2%. The 64-column
   // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
   // two instances and 8-14% slower on a third.
