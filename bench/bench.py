@@ -147,14 +147,18 @@ def fla_call():
     return call
 
 
-def host_overhead_us(gdnkit, x, reps=200):
-    """Host time of one Python call (the GPU work is queued, not waited for)."""
+def host_overhead_us(gdnkit, x, reps=200, new_plan=False):
+    """Host time of one Python call (the GPU work is queued, not waited for). new_plan: the
+    binding's plan cache emptied before each call, as for a problem it has not seen."""
     import time
     call = gdnkit_call(gdnkit)
+    clear = getattr(gdnkit._gdnkit, "_plan_cache_clear", None) if new_plan else None
     call(x)
     torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
+        if clear is not None:
+            clear()
         t0 = time.perf_counter()
         call(x)
         samples.append(time.perf_counter() - t0)
@@ -248,13 +252,19 @@ def main():
     split_rows = [row for row, r in zip(rows, results) if "gdnkit_cpp_unsplit_ms" in r]
     split_row = min(split_rows, key=lambda r: sum(r["lens"]) * max(r["Hq"], r["Hv"])) if split_rows else None
     py_split_host_us = host_overhead_us(gdnkit, make_inputs(split_row, seed=7)) if split_row else None
+    # The same two calls for a problem the binding's plan cache does not hold (a new shape).
+    py_host_new_us = host_overhead_us(gdnkit, make_inputs(smallest, seed=7), new_plan=True)
+    py_split_host_new_us = (host_overhead_us(gdnkit, make_inputs(split_row, seed=7), new_plan=True)
+                            if split_row else None)
 
     gpu = torch.cuda.get_device_name().replace(" ", "-").lower()
     today = datetime.date.today().isoformat()
     doc = dict(gpu=torch.cuda.get_device_name(), commit=git_commit(), date=today,
                torch=torch.__version__, python_host_us_smallest_row=py_host_us,
                smallest_row=smallest["name"], python_host_us_split_row=py_split_host_us,
-               split_row=split_row["name"] if split_row else None, rows=results)
+               split_row=split_row["name"] if split_row else None,
+               python_host_us_smallest_row_new_plan=py_host_new_us,
+               python_host_us_split_row_new_plan=py_split_host_new_us, rows=results)
     out = args.out or os.path.join(HERE, "results", f"{gpu}-{today}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
@@ -293,7 +303,9 @@ def main():
     if plans:
         print(f"C++ Plan::create: {min(plans):.1f} to {max(plans):.1f} us over the rows (median {statistics.median(plans):.1f})")
     print(f"python host time of one call on {smallest['name']}: {py_host_us:.1f} us" +
-          (f"; of a split call on {split_row['name']}: {py_split_host_us:.1f} us" if split_row else ""))
+          (f"; of a split call on {split_row['name']}: {py_split_host_us:.1f} us" if split_row else "") +
+          f" (a new problem, planned in the call: {py_host_new_us:.1f}" +
+          (f" / {py_split_host_new_us:.1f} us)" if split_row else " us)"))
     print(f"wrote {out}")
     if args.plot:
         try:

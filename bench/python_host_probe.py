@@ -4,7 +4,8 @@
     PYTHONPATH=build-gpu/python python3 bench/python_host_probe.py [--reps 600]
 
 Times the call itself (the GPU work is queued, then waited for outside the timed span) for the
-split row qwen35tp8-2x8-b1-t8192 as the planner runs it, unsplit (segments=1) and with the
+split row qwen35tp8-2x8-b1-t8192 as the planner runs it (also with the binding's plan cache
+emptied before each call, as for a problem it has not seen), unsplit (segments=1) and with the
 max_seq_len hint, for fixed-b1-t512, the binding's _forward alone, the torch pieces of a call as
 torch's Python API gives them (allocations, the stream query, reading five tensors' attributes:
 what the binding pays where torch has no DLPack C exchange table), and one torch launch
@@ -49,10 +50,16 @@ def main():
                                         None, segments, None, None)
     print(f"torch {torch.__version__}; {gdnkit.__file__}; the binding reads torch tensors through DLPack's C "
           f"exchange table: {asks_torch and _gdnkit._torch_exchange_table()}")
+    clear = getattr(_gdnkit, "_plan_cache_clear", lambda: None)
+
+    def new_plan(fn):  # the binding's plan cache emptied first (a problem it has not seen; ~0.1 us)
+        return lambda: (clear(), fn())
     variants = {"tp8-t8192, planner (split)": call(split),
+                "tp8-t8192, split, new plan": new_plan(call(split)),
                 "tp8-t8192, segments=1": call(split, segments=1),
                 "tp8-t8192, max_seq_len": call(split, max_seq_len=8192),
                 "fixed-b1-t512": call(small),
+                "fixed-b1-t512, new plan": new_plan(call(small)),
                 "tp8-t8192 _forward (split)": forward(split),
                 "tp8-t8192 _forward unsplit": forward(split, 1),
                 "fixed-b1-t512 _forward": forward(small),

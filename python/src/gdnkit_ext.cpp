@@ -29,11 +29,14 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 #include <thread>
 
 #include "gdnkit/gdnkit.h"
@@ -540,6 +543,8 @@ class DeviceGuard {
     if (set_) cudaSetDevice(previous_);
 #endif
   }
+  // Whether `device` is current in the scope (false where cudaSetDevice failed).
+  bool holds(int device) const { return set_ || previous_ == device; }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
@@ -857,6 +862,94 @@ gdnkit::StateLayout parse_layout(std::string_view s) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Plans of recent calls. Plan::create costs microseconds on the CUDA backend (the checks, the
+// split's cost model, the TMA descriptors), a tenth of a Python call; a caller that repeats a
+// problem (a benchmark, training at fixed lengths, serving in length buckets) gets the plan it had.
+// The key is everything create() reads: the Problem, the Options and the current device. The
+// entries stay in most-recently-used order, kPlanCacheEntries at most: a miss costs their
+// comparisons (tens of nanoseconds each) and the plan's creation, as before.
+
+constexpr std::size_t kPlanCacheEntries = 16;
+
+struct PlanKey {
+  std::int64_t v[40] = {};
+  std::string kernel;  // Options::kernel's text ("" for none: no kernel is named "")
+  bool operator==(const PlanKey&) const = default;
+};
+
+PlanKey plan_key(const gdnkit::Problem& p, const gdnkit::Options& o, int device) {
+  PlanKey k;
+  std::int64_t* x = k.v;
+  auto put = [&](std::int64_t a) {
+    if (x == std::end(k.v)) throw std::logic_error("plan_key: PlanKey::v is too short");
+    *x++ = a;
+  };
+  put(p.total_tokens), put(p.num_seqs), put(p.num_q_heads), put(p.num_k_heads), put(p.num_v_heads);
+  put(p.head_dim_k), put(p.head_dim_v);
+  put(static_cast<int>(p.qkv_dtype)), put(static_cast<int>(p.beta_dtype)), put(static_cast<int>(p.cu_seqlens_dtype));
+  put(p.has_cu_seqlens);
+  for (const gdnkit::Strides& s : {p.q, p.k, p.v, p.o, p.g, p.beta}) put(s.token), put(s.head);
+  std::uint32_t scale_bits = 0;
+  if (p.scale) std::memcpy(&scale_bits, &*p.scale, sizeof scale_bits);
+  put(p.scale.has_value()), put(scale_bits);
+  put(p.has_gate), put(p.has_beta), put(p.has_initial_state), put(p.want_final_state);
+  put(static_cast<int>(p.gate_space)), put(static_cast<int>(p.state_layout)), put(static_cast<int>(p.memory));
+  put(p.max_seq_len);
+  std::uint32_t cutoff_bits = 0;
+  std::memcpy(&cutoff_bits, &o.split_decay_cutoff, sizeof cutoff_bits);
+  put(static_cast<int>(o.backend)), put(o.cpu_threads), put(o.segments), put(cutoff_bits), put(o.kernel != nullptr);
+  put(device);
+  if (o.kernel) k.kernel = o.kernel;
+  return k;
+}
+
+class PlanCache {
+ public:
+  // The plan of (p, o) on `device` (the current one), from the cache or created (and kept).
+  // Throws what Plan::create throws; a failed creation is not kept.
+  std::shared_ptr<const gdnkit::Plan> get(const gdnkit::Problem& p, const gdnkit::Options& o, int device) {
+    PlanKey key = plan_key(p, o, device);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (std::size_t i = 0; i < entries_.size(); ++i)
+        if (entries_[i].first == key) {
+          ++hits_;
+          std::rotate(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(i),
+                      entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+          return entries_.front().second;
+        }
+      ++misses_;
+    }
+    auto plan = std::make_shared<const gdnkit::Plan>(gdnkit::Plan::create(p, o));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.size() == kPlanCacheEntries) entries_.pop_back();
+    entries_.emplace(entries_.begin(), std::move(key), plan);
+    return plan;
+  }
+  // (hits, misses, entries) since the module was loaded or clear() was called.
+  nb::tuple info() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return nb::make_tuple(hits_, misses_, entries_.size());
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.clear();
+    hits_ = misses_ = 0;
+  }
+
+ private:
+  std::mutex mutex_;  // the GIL covers today's callers; this keeps a free-threaded build correct
+  std::vector<std::pair<PlanKey, std::shared_ptr<const gdnkit::Plan>>> entries_;  // most recent first
+  std::size_t hits_ = 0, misses_ = 0;
+};
+
+// Never destroyed (see Globals): a call may still be running on another thread at exit.
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache;
+  return *cache;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The call.
 
 nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle g_obj, nb::handle beta_obj,
@@ -1021,7 +1114,12 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
     options.split_decay_cutoff = std::min(static_cast<float>(c), std::nextafter(1.0f, 0.0f));
   }
   if (!max_len_obj.is_none()) p.max_seq_len = int_arg(max_len_obj, "max_seq_len");  // the planner checks the range
-  const gdnkit::Plan P = gdnkit::Plan::create(p, options);
+  // A plan from the cache only where q's device is surely the current one (it is part of the key).
+  const int device = p.memory == gdnkit::Memory::cuda ? q.device_id : -1;
+  const std::shared_ptr<const gdnkit::Plan> plan =
+      !guard || guard->holds(device) ? plan_cache().get(p, options, device)
+                                     : std::make_shared<const gdnkit::Plan>(gdnkit::Plan::create(p, options));
+  const gdnkit::Plan& P = *plan;
   const std::int64_t N = p.num_seqs, dk = p.head_dim_k, dv = p.head_dim_v, H = P.num_output_heads();
 
   for (const Tensor* t : {&g, &beta})
@@ -1149,6 +1247,9 @@ NB_MODULE(_gdnkit, m) {
   m.def("_torch_exchange_table", [] { return torch_ready() && TT.api != nullptr; },
         "True when torch is imported and the binding reads, allocates and finds the stream of torch "
         "tensors through DLPack's C exchange table (torch.Tensor.__dlpack_c_exchange_api__).");
+  m.def("_plan_cache_info", [] { return plan_cache().info(); },
+        "(hits, misses, entries) of the binding's plan cache since import or _plan_cache_clear().");
+  m.def("_plan_cache_clear", [] { plan_cache().clear(); }, "Empties the binding's plan cache.");
   m.def("cuda_available", &gdnkit::cuda_available,
         "True when a CUDA device is present and usable from this process.");
   m.def("_forward", &forward, "q"_a.none(), "k"_a.none(), "v"_a.none(), "g"_a.none(), "beta"_a.none(),

@@ -380,6 +380,68 @@ def test_max_seq_len_hint(rng):
         gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, max_seq_len=7.5)
 
 
+def test_plan_cache(rng):
+    """The binding keeps the plans of recent problems: a repeated problem reuses its plan, a call
+    that differs in anything the planner reads gets its own (and the right answer), the cache stays
+    bounded, and a refused problem is never kept."""
+    from gdnkit import _gdnkit
+
+    _gdnkit._plan_cache_clear()
+    q, k, v, g, beta = make_inputs(rng, (130,), 2, 2, 2, 32, 32)
+    cu = cu_of([130])
+    h0 = rng.standard_normal((1, 2, 32, 32)).astype(np.float32)
+    o1, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
+    assert _gdnkit._plan_cache_info() == (0, 1, 1)
+    o2, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
+    assert _gdnkit._plan_cache_info() == (1, 1, 1)
+    np.testing.assert_array_equal(o1, o2)
+
+    # Problems that differ in one planning input each, called in turn twice: every call matches
+    # its own oracle, the first round misses and the second hits.
+    calls = [
+        (dict(), dict()),
+        (dict(scale=0.5), dict(scale=0.5)),
+        (dict(gate="linear", g=np.exp(g)), dict(gate="linear", g=np.exp(g))),
+        (dict(initial_state=h0, state_layout="vk"), dict(initial_state=h0, state_layout="vk")),
+        (dict(initial_state=h0), dict(initial_state=h0)),
+        (dict(output_final_state=True), dict()),
+        (dict(cu_seqlens=cu), dict()),
+        (dict(cu_seqlens=cu.astype(np.int64)), dict()),
+        (dict(beta=beta.astype(np.float16)), dict(beta=beta.astype(np.float16))),
+        (dict(g=None), dict(g=None)),
+    ]
+    _gdnkit._plan_cache_clear()
+    for rnd in range(2):
+        for kw, ref_kw in calls:
+            args = dict(g=g, beta=beta)
+            args.update(kw)
+            o, state = gdnkit.chunk_gated_delta_rule(q, k, v, **args)
+            r = dict(g=g, beta=beta, scale=None, initial_state=None, gate="log", state_layout="kv")
+            r.update(ref_kw)
+            ref_o, ref_s = reference(q, k, v, r["g"], r["beta"], r["scale"], r["initial_state"], cu, r["gate"],
+                                     r["state_layout"])
+            assert_o_close(o, ref_o)
+            if kw.get("output_final_state"):
+                assert_state_close(state, ref_s)
+            else:
+                assert state is None
+        assert _gdnkit._plan_cache_info() == (rnd * len(calls), len(calls), len(calls))
+
+    # Bounded: twenty lengths leave the sixteen most recent.
+    for t in range(40, 60):
+        gdnkit.chunk_gated_delta_rule(q[:t], k[:t], v[:t], g[:t], beta[:t])
+    hits, misses, entries = _gdnkit._plan_cache_info()
+    assert entries == 16 and misses == len(calls) + 20
+    gdnkit.chunk_gated_delta_rule(q[:59], k[:59], v[:59], g[:59], beta[:59])
+    assert _gdnkit._plan_cache_info()[0] == hits + 1
+
+    # A refused problem raises every time and is not kept.
+    for _ in range(2):
+        with pytest.raises(ValueError, match="kernel"):
+            gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, kernel="no-such-kernel")
+    assert _gdnkit._plan_cache_info() == (hits + 1, misses + 2, 16)
+
+
 def test_threads_share_nothing(rng):
     """Calls release the GIL and keep no shared buffers: concurrent calls give the serial answers."""
     inputs = [make_inputs(rng, (150,), 2, 2, 2, 32, 32) for _ in range(4)]
