@@ -10,6 +10,8 @@
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
 #   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs;
 #   EMU=1 adds the emulator's tests (CPU only, minutes) to its ctest run.
+#   BUILD=build-chain CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DGDNKIT_CP_CHAIN=1 STAGES="build test" ...
+#       (a build with extra CMake arguments, here a compile-time switch, in a folder of its own)
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
 #                                                PROFILE_KERNELS=fused for the fused kernel)
@@ -20,7 +22,8 @@
 #   STAGES="build variants" VARIANTS="o4:-DGDNKIT_WALK_PROBE_OUT=4 s64:-DGDNKIT_FUSED_STAGE_O64=1" AB_ROWS=... \
 #       bash scripts/gpu_check.sh
 #       (the same, against bench_gdnkit with only fused_sm90.cu recompiled under each variant's
-#        flags, several flags joined by '#': a minute per variant instead of a second build)
+#        flags, several flags joined by '#': a minute per variant instead of a second build;
+#        VARIANT_SOURCES="cp.cu" recompiles other sources instead)
 #   PACK_OUT=1 ... bash scripts/gpu_check.sh   (the logs in $OUT/logs.tar.xz, beside summary.txt,
 #                                               the tables and the benchmark's files)
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
@@ -72,7 +75,7 @@ if has build; then
   t0=$(date +%s)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DGDNKIT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v $PY)" ${cutlass:+-DGDNKIT_CUTLASS_DIR=$PWD/$cutlass} \
-    -DGDNKIT_SPILL_CHECK=ON >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1
+    -DGDNKIT_SPILL_CHECK=ON ${CMAKE_ARGS:-} >"$OUT/configure.log" 2>&1 && cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1
   rc=$?
   note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
   if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds bench_gdnkit for one compile-time variant of the fused kernel: fused_sm90.cu recompiled
-# with extra flags (ninja's own command for it), put into a copy of the library, the driver relinked
-# against that copy. A minute per variant instead of a second build of the whole tree.
+# Builds bench_gdnkit for one compile-time variant: fused_sm90.cu (or the sources VARIANT_SOURCES
+# names, e.g. "cp.cu" or "fused_sm90.cu cp.cu") recompiled with extra flags (ninja's own command for
+# each), put into a copy of the library, the driver relinked against that copy. A minute per variant
+# instead of a second build of the whole tree.
 #
 #   scripts/variant_driver.sh BUILD NAME FLAGS     -> BUILD/variant-NAME/bench_gdnkit
 #
@@ -13,14 +14,18 @@
 set -euo pipefail
 build=$1 name=$2 flags=${3//#/ }
 cd "$build"
-cc=$(ninja -t commands bench_gdnkit | grep -- '-c .*fused_sm90.cu' | head -1 | sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//')
 ln=$(ninja -t commands bench_gdnkit | grep -- '-o bench_gdnkit' | head -1)
-[ "${SPILLS_OK:-0}" = 1 ] && cc=${cc//-Xptxas=-warn-spills,-Werror/}
-obj=$(printf '%s\n' "$cc" | grep -oE -- '-o [^ ]+' | tail -1 | cut -c4-)
-[ -n "$cc" ] && [ -n "$ln" ] || { echo "variant_driver.sh: $build has no bench_gdnkit commands" >&2; exit 1; }
+[ -n "$ln" ] || { echo "variant_driver.sh: $build has no bench_gdnkit commands" >&2; exit 1; }
 d=variant-$name
 mkdir -p "$d"
-eval "${cc/-o $obj/-o $d/fused_sm90.cu.o} $flags" >"$d/build.log" 2>&1
+: >"$d/build.log"
 cp libgdnkit.a "$d/libgdnkit.a"
-ar r "$d/libgdnkit.a" "$d/fused_sm90.cu.o"
+for src in ${VARIANT_SOURCES:-fused_sm90.cu}; do
+  cc=$(ninja -t commands bench_gdnkit | grep -- "-c .*/$src" | head -1 | sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//')
+  [ -n "$cc" ] || { echo "variant_driver.sh: no compile command for $src in $build" >&2; exit 1; }
+  [ "${SPILLS_OK:-0}" = 1 ] && cc=${cc//-Xptxas=-warn-spills,-Werror/}
+  obj=$(printf '%s\n' "$cc" | grep -oE -- '-o [^ ]+' | tail -1 | cut -c4-)
+  eval "${cc/-o $obj/-o $d/$src.o} $flags" >>"$d/build.log" 2>&1
+  ar r "$d/libgdnkit.a" "$d/$src.o"
+done
 eval "$(printf '%s' "$ln" | sed -e "s| libgdnkit.a | $d/libgdnkit.a |" -e "s|-o bench_gdnkit|-o $d/bench_gdnkit|")" >>"$d/build.log" 2>&1

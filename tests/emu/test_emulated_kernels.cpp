@@ -719,10 +719,12 @@ TEST(Emulated, FusedWalkList) {
 // cover one scan step (2) and several, short last segments, a segment of one chunk, and in a
 // packed batch sequences that are not split at all (shorter than a segment, empty).
 // With cutoff > 0, the decay shortcut (cp_stop_cta first); E_out and map_end_out receive E (after
-// the scan) and the stop points.
+// the scan) and the stop points. With chain, the scan runs inside the correction where launch_cp
+// would run it so under GDNKIT_CP_CHAIN (cp_chain_item); its words start poisoned (stage 1 zeroes
+// them) and end with every ticket taken and exactly the chain's flags raised.
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
-                std::vector<int>* map_end_out = nullptr) {
+                std::vector<int>* map_end_out = nullptr, bool chain = false) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
@@ -820,6 +822,16 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   }
   if (map_end_out) *map_end_out = map_end;
 
+  // The chained correction's words (launch_cp's condition), poisoned, then guard words.
+  const bool chained = chain && computed && cutoff <= 0.0f && layout.cap3 > 0 && cuda::cp_needs_scan(p, layout, computed);
+  const std::int64_t chain_words = cuda::cp_chain_words(layout, s.H, s.dv);
+  constexpr int kChainGuard = 64, kPoison = 0x5a5a5a5a;
+  std::vector<int> words(static_cast<std::size_t>(chain_words + kChainGuard), kPoison);
+  if (chained) {
+    p.cp_chain = words.data();
+    p.cp_chain_words = static_cast<int>(chain_words);
+  }
+
   cuda::ChunkedParams p1 = p;
   p1.walks = l1;
   p1.num_walks = layout.cap1;
@@ -834,17 +846,46 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   if (layout.cap3 == 0) return;
 
   static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
-  if (cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
+  if (chained) {
+    for (std::int64_t i = 0; i < chain_words; ++i) ASSERT_EQ(words[static_cast<std::size_t>(i)], 0) << "chain word " << i;
+  }
+  if (!chained && cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
     run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
              cuda::cp_scan_threads<DK>(),
              [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
 
   const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
   static_assert(cuda::cp_fix_smem_bytes<128>() <= sizeof(cuda::smem_raw));
-  run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts), static_cast<unsigned>(s.H),
-                static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
-           cuda::kCpFixThreads,
-           [&] { cuda::cp_fix_cta<T, DK>(p, l3, layout.cap3, E.data(), map_o.data(), cuda::smem_raw, threadIdx.x); });
+  const unsigned gx = static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts);
+  if (!chained) {
+    run_grid(dim3(gx, static_cast<unsigned>(s.H), static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
+             cuda::kCpFixThreads, [&] {
+               cuda::cp_fix_cta<T, DK, false>(p, l3, layout.cap3, E.data(), nullptr, map_o.data(), cuda::smem_raw, threadIdx.x);
+             });
+  } else {  // launch_cp's grid: the entries that hold a segment, and CTAs for the chains
+    const std::int64_t entries = cuda::cp_list_entries(p, layout, computed, true);
+    const std::int64_t chains = n * s.H * (s.dv / cuda::kCpChainCols), per_z = static_cast<std::int64_t>(gx) * s.H;
+    const dim3 g3(gx, static_cast<unsigned>(s.H), static_cast<unsigned>(entries + (chains + per_z - 1) / per_z));
+    run_grid(g3, cuda::kCpFixThreads, [&] {
+      cuda::cp_fix_cta<T, DK, true>(p, l3, entries, E.data(), M.data(), map_o.data(), cuda::smem_raw, threadIdx.x);
+    });
+    // Every CTA took tickets until one past the items; each chain step raised its flags, nothing else.
+    const std::int64_t ctas = static_cast<std::int64_t>(g3.x) * g3.y * g3.z;
+    EXPECT_EQ(words[0], chains + entries * per_z + ctas) << "tickets taken";
+    std::int64_t raised = 0, expected = 0;
+    for (std::int64_t i = 1; i < chain_words; ++i) {
+      ASSERT_TRUE(words[static_cast<std::size_t>(i)] == 0 || words[static_cast<std::size_t>(i)] == 1) << "flag " << i;
+      raised += words[static_cast<std::size_t>(i)];
+    }
+    for (std::int64_t m = 0; m < n; ++m) {
+      const std::int64_t len = c.starts[static_cast<std::size_t>(m) + 1] - c.starts[static_cast<std::size_t>(m)];
+      const std::int64_t nseg = len > seg ? (len + seg - 1) / seg : 1, steps = p.want_final_state ? nseg : nseg - 1;
+      if (steps >= 2) expected += (steps - 1) * s.H * (s.dv / cuda::kCpChainCols);
+    }
+    EXPECT_EQ(raised, expected) << "flags raised";
+  }
+  for (std::int64_t i = chain_words; i < chain_words + kChainGuard; ++i)
+    ASSERT_EQ(words[static_cast<std::size_t>(i)], kPoison) << "guard word " << i - chain_words << " after the chain's";
   for (std::size_t i = map_o_size; i < map_o.size(); ++i) {
     std::uint16_t bits;
     std::memcpy(&bits, &map_o[i], sizeof bits);
@@ -863,6 +904,7 @@ TEST(Emulated, ContextParallel) {
     test::Inputs inputs;
     bool gate;
     bool final_state = true;  // without it the scan skips its last step (and the launch, below)
+    bool chain = false;       // the scan inside the correction (GDNKIT_CP_CHAIN), where the lists are computed
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -882,6 +924,14 @@ TEST(Emulated, ContextParallel) {
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::kv, hard, true, false},  // packed
       // Reset-style gates (-inf, -1e30, ...) inside segments: the maps and the scan see the floor.
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, test::Inputs::resets, true},
+      // The scan inside the correction: 5, 3 (no gate), 2 (uniform, in place, vk) and 3 segments
+      // (dk 64); no final state (its last step skipped); shorter than a segment (no chain step).
+      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, true, true},
+      {{300}, true, 128, 128, 64, 1, false, false, StateLayout::vk, real, false, true, true},
+      {{200, 200}, false, 128, 128, 128, 3, true, true, StateLayout::vk, real, true, true, true},
+      {{192, 192}, false, 64, 64, 64, 2, true, false, StateLayout::kv, hard, true, true, true},
+      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::vk, hard, true, false, true},
+      {{100, 100}, false, 128, 128, 128, 1, true, false, StateLayout::kv, hard, true, true, true},
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -900,12 +950,75 @@ TEST(Emulated, ContextParallel) {
     s.has_gate = r.gate;
     if (k == 5) s.o_head_pad = 8, s.o_token_pad = 24;
     s.seed = 1600 + k++;
-    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1));
+    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1) +
+                 (r.chain ? " chained" : ""));
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
-    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z);
-    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z);
+    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.chain);
+    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.chain);
     expect_bf16_within(c, ref);
+  }
+}
+
+// The scan inside the correction (cp_chain_item) against the scan kernel (cp_scan_cta) on the same
+// inputs: the true end states E and the final states agree to fp32 rounding (both form M_s X on
+// 3xTF32 products, ~2^-21 each; the tolerance is far below what one dropped term of the three
+// would cost, ~2^-11), and o, rounded to bf16 after a sum that can cancel, within an ulp plus
+// 1e-5 of its largest element.
+TEST(Emulated, ContextParallelChainMatchesScan) {
+  struct Run {
+    std::int64_t len;
+    int dk, seg;
+    StateLayout layout;
+    bool cu;
+  };
+  const Run runs[] = {{400, 128, 64, StateLayout::kv, true}, {300, 64, 64, StateLayout::vk, false}};
+  int k = 0;
+  for (const Run& r : runs) {
+    Spec s;
+    s.lens = r.cu ? std::vector<std::int64_t>{r.len} : std::vector<std::int64_t>{r.len / 2, r.len / 2};
+    s.cu_seqlens = r.cu;
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = r.dk;
+    s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.layout = r.layout;
+    s.inputs = test::Inputs::hard;  // little decay: every step of the chain carries weight
+    s.seed = 1700 + k++;
+    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg));
+    Case scan = test::random_case(s), chain = test::random_case(s);
+    std::vector<float> e_scan, e_chain;
+    if (r.dk == 128) {
+      emulate_cp<__nv_bfloat16, 128>(scan, r.seg, 128, 2, 0.0f, &e_scan);
+      emulate_cp<__nv_bfloat16, 128>(chain, r.seg, 128, 2, 0.0f, &e_chain, nullptr, true);
+    } else {
+      emulate_cp<__nv_bfloat16, 64>(scan, r.seg, 64, 2, 0.0f, &e_scan);
+      emulate_cp<__nv_bfloat16, 64>(chain, r.seg, 64, 2, 0.0f, &e_chain, nullptr, true);
+    }
+    ASSERT_EQ(e_scan.size(), e_chain.size());
+    double big = 0.0;
+    for (float x : e_scan)
+      if (std::isfinite(x)) big = std::max(big, static_cast<double>(std::fabs(x)));
+    ASSERT_GT(big, 0.0);
+    for (std::size_t i = 0; i < e_scan.size(); ++i) {
+      ASSERT_EQ(std::isnan(e_scan[i]), std::isnan(e_chain[i])) << "E element " << i << " written by one side only";
+      if (!std::isnan(e_scan[i])) {
+        ASSERT_LE(std::fabs(static_cast<double>(e_scan[i]) - e_chain[i]), 2e-6 * big) << "E element " << i;
+      }
+    }
+    const std::size_t nf = scan.fin.n;
+    for (std::size_t i = 0; i < nf; ++i) {
+      ASSERT_LE(std::fabs(static_cast<double>(scan.fin.data()[i]) - chain.fin.data()[i]), 2e-6 * big) << "final state " << i;
+    }
+    double big_o = 0.0;
+    for (std::size_t i = 0; i < scan.o.n; ++i)
+      big_o = std::max(big_o, std::fabs(static_cast<double>(detail::bf16_to_float(scan.o.data()[i]))));
+    for (std::size_t i = 0; i < scan.o.n; ++i) {
+      const double a = detail::bf16_to_float(scan.o.data()[i]), b = detail::bf16_to_float(chain.o.data()[i]);
+      ASSERT_LE(std::fabs(a - b), std::ldexp(std::fabs(a), -7) + 1e-5 * big_o) << "o element " << i;
+    }
   }
 }
 
