@@ -922,14 +922,20 @@ class PlanCache {
     }
     auto plan = std::make_shared<const gdnkit::Plan>(gdnkit::Plan::create(p, o));
     std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& e : entries_)  // another thread may have planned it meanwhile (free-threaded)
+      if (e.first == key) return e.second;
     if (entries_.size() == kPlanCacheEntries) entries_.pop_back();
     entries_.emplace(entries_.begin(), std::move(key), plan);
     return plan;
   }
   // (hits, misses, entries) since the module was loaded or clear() was called.
   nb::tuple info() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return nb::make_tuple(hits_, misses_, entries_.size());
+    std::size_t h, m, n;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      h = hits_, m = misses_, n = entries_.size();
+    }
+    return nb::make_tuple(h, m, n);  // Python objects made outside the lock
   }
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -183,7 +183,7 @@ struct ChunkedParams {
   // segment's start state is taken to have decayed away there (its M is then taken as zero).
   const int* map_end = nullptr;
   // The chained correction (cp.cuh, cp_fix_cta; null: the scan runs as its own kernel):
-  // cp_chain_words words, a ticket counter then one flag per (E slot, head, 64 value columns). The
+  // cp_chain_words words, a ticket counter then one flag per (E slot, head, 16 value columns). The
   // walk-list fused kernel (stage 1) sets them to zero; the correction's CTAs take work items by
   // ticket, the scan's chains first, and raise and wait on the flags.
   int* cp_chain = nullptr;

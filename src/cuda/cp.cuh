@@ -396,13 +396,9 @@ __device__ __forceinline__ void cp_chain_item(const ChunkedParams& p, float* E, 
   __syncthreads();
   for (int s = 1; s < steps; ++s) {
     float* const es = slot_at(base + s);
-    float acc[MT][NC / 8][4];  // from N_s
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NC / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mt][j][q] = load_cg(es + off(mt, j, q));
+    // M_s X alone in the tensor cores' accumulator (their fp32 accumulation need not round to
+    // nearest: the error stays relative to the product's size), N_s added after, as the scan does.
+    float acc[MT][NC / 8][4] = {};
     const float* const m = M + ((base + s) * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK;
     // M's fragments come from L2 (64 KB a step): k-steps ks + 1 and ks + 2 are in flight during
     // k-step ks.
@@ -439,6 +435,12 @@ __device__ __forceinline__ void cp_chain_item(const ChunkedParams& p, float* E, 
         }
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NC / 8; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[mt][j][q] += load_cg(es + off(mt, j, q));
     __syncthreads();  // every warp is done reading X
     float* const fin = s + 1 == nseg && p.want_final_state ? p.final_state + (n * p.num_heads + h) * block + NC * b * cs
                                                              : nullptr;
@@ -467,8 +469,8 @@ __device__ __forceinline__ void cp_chain_item(const ChunkedParams& p, float* E, 
 // Without kChain, CTA (x, y, z) takes entries z, z + gridDim.z, .. < count (the scan ran before).
 // With it (ChunkedParams::cp_chain set, computed lists; count: the entries that hold a segment), the CTAs
 // take work items by ticket until none is left: first the N H dv/16 chains (cp_chain_item), then
-// the (entry, head, x) items in that order, each of which waits for the flag of its start state
-// unless that is a sequence's first segment's (stage 1's).
+// the (segment, sequence, head, x) items in that order, each of which waits for the flags of its
+// start state unless that is a sequence's first segment's (stage 1's).
 template <typename T, int DK, bool kChain>
 __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpan* list3, std::int64_t count, float* E,
                                            const float* M, const T* map_o, unsigned char* es, int tid) {
@@ -628,9 +630,16 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
       cp_chain_item<DK>(p, E, M, k / (H * per_head), static_cast<int>(k / per_head % H),
                         static_cast<int>(k % per_head), reinterpret_cast<float*>(hi), tid);
     } else {
-      const std::int64_t f = k - chains;
-      const int x = static_cast<int>(f % X);
-      fix_entry(f / (X * H), NC * (x % blocks), x / blocks, static_cast<int>(f / X % H));
+      // Segment-major over the sequences (equal lengths: count / N entries each), so that the
+      // ready segments of every sequence come before any sequence's later ones.
+      const std::int64_t f = k - chains, N = p.num_seqs, per = count % N == 0 ? count / N : 0;
+      std::int64_t i = f / (X * H), r = f % (X * H);
+      if (per > 0) {
+        const std::int64_t j = f / (N * X * H), rest = f % (N * X * H);
+        i = rest / (X * H) * per + j, r = rest % (X * H);
+      }
+      const int x = static_cast<int>(r % X);
+      fix_entry(i, NC * (x % blocks), x / blocks, static_cast<int>(r / X));
     }
   }
 }

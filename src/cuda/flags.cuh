@@ -20,13 +20,16 @@ __device__ __forceinline__ void raise_flag(int* flag) {
 }
 
 // Spins until the flag is raised; the caller then passes a CTA barrier before any thread reads
-// what the raiser stored (with loads that bypass L1: load_cg).
+// what the raiser stored (with loads that bypass L1: load_cg). A flag still down after 2^25 polls
+// (seconds of running, against microseconds for a chain's step) can only be a bug: the kernel
+// traps, and the call's error says so, rather than hang the GPU.
 __device__ __forceinline__ void wait_flag(const int* flag) {
 #if defined(__CUDA_ARCH__)
-  for (;;) {
+  for (int polls = 0;; ++polls) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
     if (v != 0) return;
+    if (polls == (1 << 25)) __trap();
     __nanosleep(100);
   }
 #endif

@@ -99,9 +99,14 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   // above overlap it; nothing in global memory is read or written before this wait.
   grid_dependency_wait();
   if constexpr (F::kWalks) {
-    // A split's chained correction starts from zeroed tickets and flags (ChunkedParams::cp_chain).
-    if (fp.p.cp_chain != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
-      for (int i = tid; i < fp.p.cp_chain_words; i += F::kThreads) fp.p.cp_chain[i] = 0;
+    // A split's chained correction starts from zeroed tickets and flags (ChunkedParams::cp_chain),
+    // which every CTA shares out (the correction waits for the whole grid).
+    if (fp.p.cp_chain != nullptr) {
+      const std::int64_t ctas = static_cast<std::int64_t>(gridDim.x) * gridDim.y * gridDim.z;
+      const std::int64_t cta = blockIdx.x + gridDim.x * (blockIdx.y + static_cast<std::int64_t>(gridDim.y) * blockIdx.z);
+      for (std::int64_t i = cta * F::kThreads + tid; i < fp.p.cp_chain_words; i += ctas * F::kThreads)
+        fp.p.cp_chain[i] = 0;
+    }
     // The CTA's entries, into shared memory (walk_entry) before the barrier below.
     if (tid < kCtaWalks) {
       const std::int64_t i = blockIdx.z + static_cast<std::int64_t>(tid) * gridDim.z;

@@ -77,6 +77,20 @@ struct Spec {
   }
 };
 
+// A split (context-parallel) test's case: the lengths (packed with cu_seqlens, else equal),
+// Hq = Hk = hqk query/key heads shared by hv value heads, head dims dk and dv.
+inline Spec split_case(std::vector<std::int64_t> lens, bool cu, int hqk, int hv, int dk, int dv, std::uint64_t seed) {
+  Spec s;
+  s.lens = std::move(lens);
+  s.cu_seqlens = cu;
+  s.Hq = s.Hk = hqk;
+  s.Hv = hv;
+  s.dk = dk;
+  s.dv = dv;
+  s.seed = seed;
+  return s;
+}
+
 // A buffer with `kGuard` sentinel elements before and after the payload.
 template <typename T>
 struct Guarded {

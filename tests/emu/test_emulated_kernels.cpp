@@ -721,10 +721,16 @@ TEST(Emulated, FusedWalkList) {
 // With cutoff > 0, the decay shortcut (cp_stop_cta first); E_out and map_end_out receive E (after
 // the scan) and the stop points. With chain, the scan runs inside the correction where launch_cp
 // would run it so under GDNKIT_CP_CHAIN (cp_chain_item); its words start poisoned (stage 1 zeroes
-// them) and end with every ticket taken and exactly the chain's flags raised.
+// them) and end with every ticket taken and exactly the chain's flags raised, no wait on a flag
+// that was down. A probe (probe_flag >= 0, a word index) checks the waits instead: the scan kernel
+// forms the true states, the block of E that the flag guards is poisoned (NaN), the correction
+// starts with the chains' tickets taken and every flag raised but that one, a wait on it puts the
+// block back and raises it (a chain's step, just in time), and probe_waits receives the words
+// waited on while down. An item that read the block without that wait reads NaN.
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
-                std::vector<int>* map_end_out = nullptr, bool chain = false) {
+                std::vector<int>* map_end_out = nullptr, bool chain = false, std::int64_t probe_flag = -1,
+                std::vector<std::int64_t>* probe_waits = nullptr) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
@@ -849,7 +855,8 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   if (chained) {
     for (std::int64_t i = 0; i < chain_words; ++i) ASSERT_EQ(words[static_cast<std::size_t>(i)], 0) << "chain word " << i;
   }
-  if (!chained && cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
+  const bool probe = chained && probe_flag >= 0;
+  if ((!chained || probe) && cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
     run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
              cuda::cp_scan_threads<DK>(),
              [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
@@ -866,12 +873,40 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     const std::int64_t entries = cuda::cp_list_entries(p, layout, computed, true);
     const std::int64_t chains = n * s.H * (s.dv / cuda::kCpChainCols), per_z = static_cast<std::int64_t>(gx) * s.H;
     const dim3 g3(gx, static_cast<unsigned>(s.H), static_cast<unsigned>(entries + (chains + per_z - 1) / per_z));
+    std::vector<std::pair<std::size_t, float>> guarded;  // the probe's block of E: (index, true value)
+    if (probe) {
+      words[0] = static_cast<int>(chains);
+      for (std::int64_t i = 1; i < chain_words; ++i) words[static_cast<std::size_t>(i)] = i == probe_flag ? 0 : 1;
+      const std::int64_t groups = s.dv / cuda::kCpChainCols, f = probe_flag - 1;
+      const std::int64_t slot = f / groups / s.H, h = f / groups % s.H, c0 = f % groups * cuda::kCpChainCols;
+      // (A sequence's first slot holds stage 1's state, read without a wait: not poisoned.)
+      for (int r = 0; r < s.dk && slot % p.cp_per_seq != 0; ++r)
+        for (int c = 0; c < cuda::kCpChainCols; ++c) {
+          const std::int64_t m = (slot * s.H + h) * s.dk * s.dv;
+          const auto i = static_cast<std::size_t>(p.state_vk ? m + (c0 + c) * s.dk + r : m + r * s.dv + c0 + c);
+          guarded.emplace_back(i, E[i]);
+          E[i] = std::numeric_limits<float>::quiet_NaN();
+        }
+      cuda::g_on_unraised_wait = [&](const int* flag) {
+        if (flag != words.data() + probe_flag) return;
+        for (const auto& [i, x] : guarded) E[i] = x;
+        words[static_cast<std::size_t>(probe_flag)] = 1;
+      };
+    }
+    cuda::g_unraised_waits.clear();
     run_grid(g3, cuda::kCpFixThreads, [&] {
       cuda::cp_fix_cta<T, DK, true>(p, l3, entries, E.data(), M.data(), map_o.data(), cuda::smem_raw, threadIdx.x);
     });
+    cuda::g_on_unraised_wait = nullptr;
     // Every CTA took tickets until one past the items; each chain step raised its flags, nothing else.
     const std::int64_t ctas = static_cast<std::int64_t>(g3.x) * g3.y * g3.z;
     EXPECT_EQ(words[0], chains + entries * per_z + ctas) << "tickets taken";
+    if (probe) {
+      if (probe_waits)
+        for (const int* w : cuda::g_unraised_waits) probe_waits->push_back(w - words.data());
+      return;
+    }
+    EXPECT_TRUE(cuda::g_unraised_waits.empty()) << cuda::g_unraised_waits.size() << " waits on flags that were down";
     std::int64_t raised = 0, expected = 0;
     for (std::int64_t i = 1; i < chain_words; ++i) {
       ASSERT_TRUE(words[static_cast<std::size_t>(i)] == 0 || words[static_cast<std::size_t>(i)] == 1) << "flag " << i;
@@ -892,6 +927,11 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     ASSERT_EQ(bits, test::kNaN16) << "map_o guard element " << i - map_o_size << " written";
   }
   if (E_out) *E_out = E;
+}
+
+// The split's cases here: one q/k head shared by two value heads (GVA), dv 128.
+static Spec cp_case(std::vector<std::int64_t> lens, bool cu, int dk, std::uint64_t seed) {
+  return test::split_case(std::move(lens), cu, 1, 2, dk, 128, seed);
 }
 
 TEST(Emulated, ContextParallel) {
@@ -935,21 +975,14 @@ TEST(Emulated, ContextParallel) {
   };
   int k = 0;
   for (const Run& r : runs) {
-    Spec s;
-    s.lens = r.lens;
-    s.cu_seqlens = r.cu;
-    s.Hq = s.Hk = 1;
-    s.Hv = 2;
-    s.dk = r.dk;
-    s.dv = 128;
+    Spec s = cp_case(r.lens, r.cu, r.dk, 1600 + k);
     s.initial_state = r.init;
     s.in_place = r.in_place;
     s.final_state = r.final_state;
     s.layout = r.layout;
     s.inputs = r.inputs;
     s.has_gate = r.gate;
-    if (k == 5) s.o_head_pad = 8, s.o_token_pad = 24;
-    s.seed = 1600 + k++;
+    if (k++ == 5) s.o_head_pad = 8, s.o_token_pad = 24;
     SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1) +
                  (r.chain ? " chained" : ""));
     Case c = test::random_case(s);
@@ -975,18 +1008,12 @@ TEST(Emulated, ContextParallelChainMatchesScan) {
   const Run runs[] = {{400, 128, 64, StateLayout::kv, true}, {300, 64, 64, StateLayout::vk, false}};
   int k = 0;
   for (const Run& r : runs) {
-    Spec s;
-    s.lens = r.cu ? std::vector<std::int64_t>{r.len} : std::vector<std::int64_t>{r.len / 2, r.len / 2};
-    s.cu_seqlens = r.cu;
-    s.Hq = s.Hk = 1;
-    s.Hv = 2;
-    s.dk = r.dk;
-    s.dv = 128;
+    Spec s = cp_case(r.cu ? std::vector<std::int64_t>{r.len} : std::vector<std::int64_t>{r.len / 2, r.len / 2}, r.cu,
+                     r.dk, 1700 + k++);
     s.initial_state = true;
     s.final_state = true;
     s.layout = r.layout;
     s.inputs = test::Inputs::hard;  // little decay: every step of the chain carries weight
-    s.seed = 1700 + k++;
     SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg));
     Case scan = test::random_case(s), chain = test::random_case(s);
     std::vector<float> e_scan, e_chain;
@@ -1019,6 +1046,44 @@ TEST(Emulated, ContextParallelChainMatchesScan) {
       const double a = detail::bf16_to_float(scan.o.data()[i]), b = detail::bf16_to_float(chain.o.data()[i]);
       ASSERT_LE(std::fabs(a - b), std::ldexp(std::fabs(a), -7) + 1e-5 * big_o) << "o element " << i;
     }
+  }
+}
+
+// The chained correction's waits, one flag left down at a time over a poisoned block of E
+// (emulate_cp's probe): the items that read the block wait for that flag first (the wait puts the
+// block back), so o has no NaN and matches the oracle; a sequence's first slot, which stage 1
+// forms, is never waited on. One sequence (list order) and two of one length (the items taken
+// segment-major).
+TEST(Emulated, ContextParallelChainWaits) {
+  struct Probe {
+    std::vector<std::int64_t> lens;
+    bool cu;
+    int seg;
+    std::int64_t slot;  // E slot of the flag left down
+    int head, group;    // its head and 16-column group
+    int waits;          // 1: an item reads the block it guards; 0: none waits (stage 1's slot)
+  };
+  const Probe probes[] = {
+      {{300}, true, 64, 2, 1, 5, 1},     // segment 3's start state: one chunk, one part
+      {{1100}, false, 128, 1, 0, 2, 1},  // segment 2 of 9: two chunks, one part
+      {{300}, true, 64, 0, 1, 5, 0},     // segment 1 starts from stage 1's state: no wait
+      {{192, 192}, false, 64, 4, 1, 7, 1},  // sequence 1 (slots 3 ..), its segment 2's start state
+  };
+  int k = 0;
+  for (const Probe& pr : probes) {
+    Spec s = cp_case(pr.lens, pr.cu, 128, 1750 + k++);
+    s.initial_state = true;
+    s.final_state = true;
+    s.inputs = test::Inputs::hard;
+    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(pr.seg) + " slot=" + std::to_string(pr.slot));
+    Case c = test::random_case(s);
+    const test::Reference ref = test::run_reference(c);
+    const std::int64_t flag = 1 + (pr.slot * s.Hv + pr.head) * (s.dv / cuda::kCpChainCols) + pr.group;
+    std::vector<std::int64_t> waits;
+    emulate_cp<__nv_bfloat16, 128>(c, pr.seg, 128, 2, 0.0f, nullptr, nullptr, true, flag, &waits);
+    EXPECT_EQ(static_cast<int>(waits.size()), pr.waits);  // the first wait raises it
+    for (std::int64_t w : waits) EXPECT_EQ(w, flag) << "a wait on another flag that was down";
+    expect_bf16_within(c, ref);  // the scan kernel formed the states the items read
   }
 }
 

@@ -1186,15 +1186,8 @@ bool split_runs_here() {
 }
 
 Spec cp_spec(std::vector<std::int64_t> lens, bool cu, int dk, int dv, DType dt, std::uint64_t seed) {
-  Spec s;
-  s.lens = std::move(lens);
-  s.cu_seqlens = cu;
-  s.Hq = s.Hk = 2;
-  s.Hv = 4;
-  s.dk = dk;
-  s.dv = dv;
+  Spec s = test::split_case(std::move(lens), cu, 2, 4, dk, dv, seed);
   s.qkv = dt;
-  s.seed = seed;
   return s;
 }
 
