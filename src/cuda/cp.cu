@@ -4,6 +4,7 @@
 #include "cuda/pdl_launch.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <mutex>
 
@@ -126,7 +127,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   const auto H = static_cast<unsigned>(p.num_heads);
 
   // The scan inside the correction (GDNKIT_CP_CHAIN): stage 1 zeroes the ticket and flags.
-  const bool chain = GDNKIT_CP_CHAIN && computed && cutoff <= 0.0f && c.cap3 > 0 && cp_needs_scan(p, c, computed);
+  const bool chain = GDNKIT_CP_CHAIN && computed && cutoff <= 0.0f && c.cap3 > 0 && cp_needs_scan(p, c, computed) &&
+                     cp_chain_words(c, p.num_heads, p.dv) <= INT_MAX;  // ChunkedParams::cp_chain_words is an int
   if (chain) {
     p.cp_chain = reinterpret_cast<int*>(ws + w.chain);
     p.cp_chain_words = static_cast<int>(cp_chain_words(c, p.num_heads, p.dv));
