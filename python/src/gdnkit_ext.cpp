@@ -911,19 +911,15 @@ class PlanCache {
     PlanKey key = plan_key(p, o, device);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (std::size_t i = 0; i < entries_.size(); ++i)
-        if (entries_[i].first == key) {
-          ++hits_;
-          std::rotate(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(i),
-                      entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-          return entries_.front().second;
-        }
+      if (auto hit = find_front(key)) {
+        ++hits_;
+        return hit;
+      }
       ++misses_;
     }
     auto plan = std::make_shared<const gdnkit::Plan>(gdnkit::Plan::create(p, o));
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& e : entries_)  // another thread may have planned it meanwhile (free-threaded)
-      if (e.first == key) return e.second;
+    if (auto hit = find_front(key)) return hit;  // another thread planned it meanwhile (free-threaded)
     if (entries_.size() == kPlanCacheEntries) entries_.pop_back();
     entries_.emplace(entries_.begin(), std::move(key), plan);
     return plan;
@@ -944,6 +940,15 @@ class PlanCache {
   }
 
  private:
+  // The entry of key moved to the front, or null (mutex_ held).
+  std::shared_ptr<const gdnkit::Plan> find_front(const PlanKey& key) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->first == key) {
+        std::rotate(entries_.begin(), it, it + 1);
+        return entries_.front().second;
+      }
+    return nullptr;
+  }
   std::mutex mutex_;  // the GIL covers today's callers; this keeps a free-threaded build correct
   std::vector<std::pair<PlanKey, std::shared_ptr<const gdnkit::Plan>>> entries_;  // most recent first
   std::size_t hits_ = 0, misses_ = 0;

@@ -127,11 +127,12 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   const auto H = static_cast<unsigned>(p.num_heads);
 
   // The scan inside the correction (GDNKIT_CP_CHAIN): stage 1 zeroes the ticket and flags.
+  const std::int64_t words = cp_chain_words(c, p.num_heads, p.dv);
   const bool chain = GDNKIT_CP_CHAIN && computed && cutoff <= 0.0f && c.cap3 > 0 && cp_needs_scan(p, c, computed) &&
-                     cp_chain_words(c, p.num_heads, p.dv) <= INT_MAX;  // ChunkedParams::cp_chain_words is an int
+                     words <= INT_MAX;  // ChunkedParams::cp_chain_words is an int
   if (chain) {
     p.cp_chain = reinterpret_cast<int*>(ws + w.chain);
-    p.cp_chain_words = static_cast<int>(cp_chain_words(c, p.num_heads, p.dv));
+    p.cp_chain_words = static_cast<int>(words);
   }
   cudaError_t err = cudaSuccess;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
