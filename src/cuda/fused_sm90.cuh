@@ -17,7 +17,8 @@
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column
-//                      pairs, the aux's, with A in fused_record), then the wgmma walk's chunk
+//                      pairs, the aux's, with A in fused_record; with GDNKIT_FUSED_AUX_P128 also
+//                      in the unsplit 128-column kernel, after the record), then the wgmma walk's chunk
 //                      step (walk_chunk with WgmmaWalk's products), the state in registers
 //                      throughout. State thread 0 issues the later chunks' TMA copies as each
 //                      step frees a stage (with two state warpgroups while the step's K S and
@@ -31,7 +32,8 @@
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
 // (a full chunk's V stage then holds its O for a TMA store), the record (and its gates) in
-// R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2), P in
+// R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2 or
+// GDNKIT_FUSED_AUX_P128), P in
 // one buffer (in the record stages with kAuxP); mbarriers track the copies. Named barriers:
 // FULL[c % R] (aux arrives when chunk c's K, Q, gates and record are in place; V's mbarrier the
 // state warps wait for themselves after FULL, GDNKIT_FUSED_V_WAIT_STATE), EMPTY[c % R] (the state

@@ -142,11 +142,12 @@ std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first, bo
     const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(s.H),
                     static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), zlimit)));
     const bool bf16 = problem.qkv_dtype == DType::bf16;
-    if (dvb == 128) {
-      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 128>(p, grid);
-      else if (bf16) emulate_fused<__nv_bfloat16, 64, 128>(p, grid);
-      else if (s.dk == 128) emulate_fused<__half, 128, 128>(p, grid);
-      else emulate_fused<__half, 64, 128>(p, grid);
+    if (dvb == 128) {  // (the kAuxP instantiation with GDNKIT_FUSED_AUX_P128, as launched)
+      constexpr bool kAuxP = cuda::kFusedAuxPAlone<128, false>;
+      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 128, false, kAuxP>(p, grid);
+      else if (bf16) emulate_fused<__nv_bfloat16, 64, 128, false, kAuxP>(p, grid);
+      else if (s.dk == 128) emulate_fused<__half, 128, 128, false, kAuxP>(p, grid);
+      else emulate_fused<__half, 64, 128, false, kAuxP>(p, grid);
     } else if (s.dv % 128 == 0) {  // on the GPU, pairs: the instantiation with P in the aux
       if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 64, false, true>(p, grid);
       else if (bf16) emulate_fused<__nv_bfloat16, 64, 64, false, true>(p, grid);
