@@ -29,6 +29,9 @@
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
 #       (the same with drivers built beforehand without a GPU by scripts/prebuild_drivers.sh and
 #        carried as DRIVERS/NAME.xz: nothing is built on the GPU machine)
+#   STAGES=checks CHECK_SIDES=chain CHECK_CASES=segments bash scripts/gpu_check.sh
+#       (the GPU suite and compute-sanitizer on a variant's tests and CLI, built beforehand by
+#        prebuild_drivers.sh with CHECKS=1 and carried as build-ab/checks: nothing built here)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -116,32 +119,41 @@ if has cli; then
   cat "$OUT/cli.txt"
 fi
 
-if has sanitize; then
-  # compute-sanitizer's four tools on the CLI: a mixed varlen batch (empty and 1-token sequences,
-  # [dv, dk] state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the
-  # fused kernel required by name on a small and a medium batch, and its 64-column variant; the
-  # short walk on a batch of short and longer sequences; then a sequence split into segments
-  # (context parallelism), small and medium, with the decay shortcut, and a packed batch split in
-  # value and map pairs.
-  for tool in memcheck racecheck synccheck initcheck; do
-    for args in "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk" \
-                "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear" \
-                "--lens 300 --heads 1,1,2 --dtype f16" \
-                "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk --kernel cuda-fused-sm90-bf16-k128" \
-                "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64" \
-                "--lens 300,1,130 --heads 2,2,4 --dv 64 --kernel cuda-fused-sm90-bf16-k128-v64" \
-                "--lens 2,0,16,17,1,40,5,300 --heads 2,2,4 --kernel cuda-short-bf16-k128-w8" \
-                "--lens 700 --heads 1,1,2 --segments 4" \
-                "--lens 2000 --heads 2,2,8 --dk 64 --segments 9" \
-                "--lens 1500,300 --heads 2,2,4 --segments 5 --split-decay-cutoff 1e-3" \
-                "--lens 2900,2048,1536,900,512,190,65,33 --heads 2,2,8 --segments 4"; do
-      timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/gdnkit" $args --repeat 1 --check 1 \
+# compute-sanitizer's cases on the CLI: a mixed varlen batch (empty and 1-token sequences, [dv, dk]
+# state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the fused kernel
+# required by name on a small and a medium batch, and its 64-column variant; the short walk on a
+# batch of short and longer sequences; then a sequence split into segments (context parallelism),
+# small and medium, with the decay shortcut, a packed batch split in value and map pairs, and one
+# sequence in 32 segments (a long scan, or chain).
+SANITIZE_CASES=("--lens 200,65,1,0,130 --heads 2,2,4 --layout vk"
+                "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear"
+                "--lens 300 --heads 1,1,2 --dtype f16"
+                "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk --kernel cuda-fused-sm90-bf16-k128"
+                "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64"
+                "--lens 300,1,130 --heads 2,2,4 --dv 64 --kernel cuda-fused-sm90-bf16-k128-v64"
+                "--lens 2,0,16,17,1,40,5,300 --heads 2,2,4 --kernel cuda-short-bf16-k128-w8"
+                "--lens 700 --heads 1,1,2 --segments 4"
+                "--lens 2000 --heads 2,2,8 --dk 64 --segments 9"
+                "--lens 1500,300 --heads 2,2,4 --segments 5 --split-decay-cutoff 1e-3"
+                "--lens 2900,2048,1536,900,512,190,65,33 --heads 2,2,8 --segments 4"
+                "--lens 8192 --heads 1,1,4 --segments 32")
+# Usage: sanitize_cli CLI "TOOLS" PATTERN: every tool on the cases that match the extended regex.
+sanitize_cli() {
+  local cli=$1 tools=$2 pattern=${3:-.} tool args rc
+  for tool in $tools; do
+    for args in "${SANITIZE_CASES[@]}"; do
+      [[ "$args" =~ $pattern ]] || continue
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$cli" $args --repeat 1 --check 1 \
         >"$OUT/sanitizer.log" 2>&1
       rc=$?; [ $rc -ne 0 ] && status=1
       note "sanitizer $tool [$args]: rc=$rc $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|backend' "$OUT/sanitizer.log" | tr -s ' ' | tr '\n' ' ')"
       [ $rc -ne 0 ] && grep -m5 -iE "error|invalid|hazard" "$OUT/sanitizer.log"
     done
   done
+}
+
+if has sanitize; then
+  sanitize_cli "$BUILD/gdnkit" "memcheck racecheck synccheck initcheck"
   # Invalid cu_seqlens (decreasing, negative, past T) on every kernel and a split: memcheck sees
   # any access outside the buffers that the test's guards cannot.
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/gdnkit_gpu_tests" \
@@ -225,6 +237,31 @@ if has drivers; then
   time_sides "${AB_ROUNDS:-3}" drivers "${sides[@]}"
   $PY bench/ab_table.py "$OUT/drivers.txt" --ref "${DRIVERS_REF:-this}" | tee "$OUT/drivers-table.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has checks; then
+  # The GPU suite and compute-sanitizer on tests and CLIs built elsewhere (prebuild_drivers.sh with
+  # CHECKS=1: CHECKDIR/NAME-gpu_tests.xz, NAME-cli.xz), for the sides CHECK_SIDES names (default:
+  # all): each side's suite as is and with every case on the fused kernel (FUSED_SUITES), then
+  # CHECK_TOOLS (default memcheck, racecheck) on the sanitizer cases matching CHECK_CASES (a regex).
+  dir=${CHECKDIR:-build-ab/checks}
+  for f in "$dir"/*-gpu_tests.xz; do
+    [ -e "$f" ] || continue
+    name=$(basename "$f" -gpu_tests.xz)
+    [ -n "${CHECK_SIDES:-}" ] && [[ " $CHECK_SIDES " != *" $name "* ]] && continue
+    d=/tmp/gdnkit-checks/$name
+    mkdir -p "$d"
+    xz -dc "$f" >"$d/gdnkit_gpu_tests" && xz -dc "$dir/$name-cli.xz" >"$d/gdnkit" && chmod +x "$d/gdnkit_gpu_tests" "$d/gdnkit" ||
+      { note "checks $name: unpacking failed"; status=1; continue; }
+    for mode in default ${FUSED_SUITES-fused}; do
+      if [ "$mode" = default ]; then "$d/gdnkit_gpu_tests" >"$OUT/checks-$name-$mode.log" 2>&1
+      else GDNKIT_TEST_KERNEL=$mode "$d/gdnkit_gpu_tests" >"$OUT/checks-$name-$mode.log" 2>&1; fi
+      rc=$?; [ $rc -ne 0 ] && status=1
+      note "checks $name, gpu tests $mode: rc=$rc: $(grep -E '^\[  PASSED|^\[  FAILED|tests ran' "$OUT/checks-$name-$mode.log" | tr '\n' ' ')"
+      grep -E '^\[  FAILED' "$OUT/checks-$name-$mode.log" | head -20
+    done
+    sanitize_cli "$d/gdnkit" "${CHECK_TOOLS:-memcheck racecheck}" "${CHECK_CASES:-.}"
+  done
 fi
 
 if has bench; then

@@ -10,6 +10,9 @@
 #   VARIANTS="chain:-DGDNKIT_CP_CHAIN=1" VARIANT_SOURCES=cp.cu bash scripts/prebuild_drivers.sh
 #   then, on the GPU machine, carrying OUTDIR:
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
+# CHECKS=1 also packs this tree's and each variant's GPU tests and CLI (CHECKDIR, default
+# build-ab/checks: NAME-gpu_tests.xz, NAME-cli.xz), for gpu_check.sh's checks stage: the GPU suite
+# and compute-sanitizer on a variant, again without a build there.
 #
 # The drivers link the CUDA runtime statically; the GPU machine needs a driver as new as this
 # toolkit's and a C++ runtime as new as this compiler's (the device machine's image matches).
@@ -31,15 +34,38 @@ pack() {  # driver, side name
   echo "$OUTDIR/$2.xz ($(du -h "$OUTDIR/$2.xz" | cut -f1))"
 }
 
+CHECKDIR=${CHECKDIR:-build-ab/checks}
+checks=${CHECKS:-0}
+pack_checks() {  # folder holding gdnkit_gpu_tests and gdnkit, side name
+  [ "$checks" = 1 ] || return 0
+  OUTDIR=$CHECKDIR pack "$1/gdnkit_gpu_tests" "$2-gpu_tests"
+  OUTDIR=$CHECKDIR pack "$1/gdnkit" "$2-cli"
+}
+
 mkdir -p "$OUTDIR"
 rm -f "$OUTDIR"/*.xz
+if [ "$checks" = 1 ]; then
+  mkdir -p "$CHECKDIR"
+  rm -f "$CHECKDIR"/*.xz
+fi
 configure . "$BUILD"
-cmake --build "$BUILD" -j "$JOBS" --target bench_gdnkit >/dev/null
+if [ "$checks" = 1 ]; then
+  # (This tree's tests need GDNKIT_BUILD_TESTS, which the drivers' own configure leaves off.)
+  cmake -S . -B "$BUILD" -DGDNKIT_BUILD_TESTS=ON >/dev/null
+  cmake --build "$BUILD" -j "$JOBS" --target bench_gdnkit gdnkit_gpu_tests gdnkit_cli >/dev/null
+  mkdir -p "$BUILD/checks-this"
+  cp "$BUILD/tests/gdnkit_gpu_tests" "$BUILD/gdnkit" "$BUILD/checks-this/"
+  pack_checks "$BUILD/checks-this" this
+  export TARGETS="bench_gdnkit tests/gdnkit_gpu_tests gdnkit"
+else
+  cmake --build "$BUILD" -j "$JOBS" --target bench_gdnkit >/dev/null
+fi
 pack "$BUILD/bench_gdnkit" this
 for v in ${VARIANTS:-}; do
   name=${v%%:*}
   bash scripts/variant_driver.sh "$BUILD" "$name" "${v#*:}"
   pack "$BUILD/variant-$name/bench_gdnkit" "$name"
+  pack_checks "$BUILD/variant-$name" "$name"
 done
 for tree in ${TREES:-}; do
   dir=$BUILD-ab-$(basename "$tree")

@@ -2,9 +2,12 @@
 # Builds bench_gdnkit for one compile-time variant: fused_sm90.cu (or the sources VARIANT_SOURCES
 # names, e.g. "cp.cu" or "fused_sm90.cu cp.cu") recompiled with extra flags (ninja's own command for
 # each), put into a copy of the library, the driver relinked against that copy. A minute per variant
-# instead of a second build of the whole tree.
+# instead of a second build of the whole tree. TARGETS names other executables to relink the same
+# way (ninja targets whose objects do not depend on the flags), e.g. the GPU tests and the CLI.
 #
 #   scripts/variant_driver.sh BUILD NAME FLAGS     -> BUILD/variant-NAME/bench_gdnkit
+#   TARGETS="bench_gdnkit tests/gdnkit_gpu_tests gdnkit" scripts/variant_driver.sh BUILD NAME FLAGS
+#       -> BUILD/variant-NAME/{bench_gdnkit,gdnkit_gpu_tests,gdnkit}
 #
 # BUILD is a configured build folder whose bench_gdnkit is built; FLAGS are nvcc flags joined by
 # '#' (e.g. "-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=1#-DOTHER=2"). Used by gpu_check.sh's variants stage
@@ -14,8 +17,6 @@
 set -euo pipefail
 build=$1 name=$2 flags=${3//#/ }
 cd "$build"
-ln=$(ninja -t commands bench_gdnkit | grep -- '-o bench_gdnkit' | head -1)
-[ -n "$ln" ] || { echo "variant_driver.sh: $build has no bench_gdnkit commands" >&2; exit 1; }
 d=variant-$name
 mkdir -p "$d"
 : >"$d/build.log"
@@ -28,4 +29,10 @@ for src in ${VARIANT_SOURCES:-fused_sm90.cu}; do
   eval "${cc/-o $obj/-o $d/$src.o} $flags" >>"$d/build.log" 2>&1
   ar r "$d/libgdnkit.a" "$d/$src.o"
 done
-eval "$(printf '%s' "$ln" | sed -e "s| libgdnkit.a | $d/libgdnkit.a |" -e "s|-o bench_gdnkit|-o $d/bench_gdnkit|")" >>"$d/build.log" 2>&1
+for target in ${TARGETS:-bench_gdnkit}; do
+  # The link line (ninja appends post-build steps, e.g. the tests' discovery, after " && cd ").
+  ln=$(ninja -t commands "$target" | grep -- "-o $target " | tail -1 | sed 's/ && cd .*//')
+  [ -n "$ln" ] || { echo "variant_driver.sh: no link command for $target in $build" >&2; exit 1; }
+  eval "$(printf '%s' "$ln" | sed -e "s| libgdnkit.a | $d/libgdnkit.a |" -e "s|-o $target |-o $d/$(basename "$target") |")" \
+    >>"$d/build.log" 2>&1
+done
