@@ -188,6 +188,9 @@ struct ChunkedParams {
   // ticket, the scan's chains first, and raise and wait on the flags.
   int* cp_chain = nullptr;
   int cp_chain_words = 0;
+  // With lists built in memory (cp_seg 0), their per-sequence table (cp_build_lists: seq_slots[2 n]
+  // the sequence's first E slot, [2 n + 1] its segments), which the chains read; else null.
+  const int* cp_seq_slots = nullptr;
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;

@@ -128,11 +128,12 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
 
   // The scan inside the correction (GDNKIT_CP_CHAIN): stage 1 zeroes the ticket and flags.
   const std::int64_t words = cp_chain_words(c, p.num_heads, p.dv);
-  const bool chain = GDNKIT_CP_CHAIN && computed && cutoff <= 0.0f && c.cap3 > 0 && cp_needs_scan(p, c, computed) &&
+  const bool chain = GDNKIT_CP_CHAIN && cutoff <= 0.0f && c.cap3 > 0 && cp_needs_scan(p, c, computed) &&
                      words <= INT_MAX;  // ChunkedParams::cp_chain_words is an int
   if (chain) {
     p.cp_chain = reinterpret_cast<int*>(ws + w.chain);
     p.cp_chain_words = static_cast<int>(words);
+    p.cp_seq_slots = seq_slots;  // null for computed lists
   }
   cudaError_t err = cudaSuccess;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop

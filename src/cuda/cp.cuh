@@ -23,7 +23,7 @@
 //     has three segments or more and the host knows it (computed lists).
 //   Stage 3, cp_fix_cta over list 3 (segments s >= 1): o_t += map_o[t] E[slot_n + s - 1], a
 //     chunk-parallel product (E split into a 16-bit hi + lo pair, fp32 accumulation).
-//   Chained (GDNKIT_CP_CHAIN, where the lists are computed and the split is exact): stage 2 runs
+//   Chained (GDNKIT_CP_CHAIN, where the split is exact): stage 2 runs
 //     inside stage 3's kernel instead of as a launch of its own (cp_chain_item). Its CTAs take
 //     work by ticket, the chains first; a chain raises a flag per step, and the correction of a
 //     segment waits only for its own start state, so early segments are corrected while later
@@ -356,7 +356,23 @@ __device__ __forceinline__ int* cp_chain_flag(const ChunkedParams& p, std::int64
   return p.cp_chain + 1 + (slot * p.num_heads + h) * (p.dv / kCpChainCols) + b;
 }
 
-// Stage 2 inside the correction (ChunkedParams::cp_chain, computed lists only): the scan's chain
+// Sequence n's first E slot and segments, as the scan reads them: from the built lists' table
+// (ChunkedParams::cp_seq_slots), else from computed lists. Its chain raises the flags of slots
+// base + 1 .. base + steps - 1 (cp_chain_steps).
+__device__ __forceinline__ void cp_chain_span(const ChunkedParams& p, std::int64_t n, std::int64_t& base, int& nseg) {
+  if (p.cp_seq_slots != nullptr) {
+    base = p.cp_seq_slots[2 * n], nseg = p.cp_seq_slots[2 * n + 1];
+  } else {
+    std::int64_t bos, eos;
+    seq_range(p, n, bos, eos);
+    base = n * p.cp_per_seq, nseg = cp_segments(eos - bos, p.cp_seg);
+  }
+}
+__device__ __forceinline__ int cp_chain_steps(const ChunkedParams& p, int nseg) {
+  return p.want_final_state ? nseg : nseg - 1;  // as cp_scan_cta
+}
+
+// Stage 2 inside the correction (ChunkedParams::cp_chain): the scan's chain
 // of sequence n, head h, value columns [16 b, + 16) by one correction CTA, E[base + s] <-
 // M_s E[base + s - 1] + E[base + s] for s = 1 .. steps - 1 in order, as cp_scan_cta does for
 // 8 columns (the same 3xTF32 products on m16n8k8, error ~2^-21 each; here accumulated onto N_s
@@ -369,11 +385,10 @@ __device__ __forceinline__ void cp_chain_item(const ChunkedParams& p, float* E, 
                                               int b, float* xs, int tid) {
   constexpr int NC = kCpChainCols, XP = kCpChainPitch, MT = DK / 64;  // m16 tiles per warp
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  std::int64_t bos, eos;
-  seq_range(p, n, bos, eos);
-  const int nseg = cp_segments(eos - bos, p.cp_seg);
-  const std::int64_t base = n * p.cp_per_seq;
-  const int steps = p.want_final_state ? nseg : nseg - 1;  // as cp_scan_cta
+  std::int64_t base;
+  int nseg;
+  cp_chain_span(p, n, base, nseg);
+  const int steps = cp_chain_steps(p, nseg);
   if (steps < 2) return;
   // Offsets inside one (slot, head) block of E (dk x dv, the state layout; the final state's
   // blocks alike) fit 32 bits: element (row r, column c) at r rs + c cs.
@@ -467,7 +482,7 @@ __device__ __forceinline__ void cp_chain_item(const ChunkedParams& p, float* E, 
 // so that o is read and written 16 bytes at a time (the CUDA backend requires o 16-byte aligned
 // with strides of multiples of 8 elements). es: cp_fix_smem_bytes<DK>().
 // Without kChain, CTA (x, y, z) takes entries z, z + gridDim.z, .. < count (the scan ran before).
-// With it (ChunkedParams::cp_chain set, computed lists; count: the entries that hold a segment), the CTAs
+// With it (ChunkedParams::cp_chain set; count: the list's entries that may hold a segment), the CTAs
 // take work items by ticket until none is left: first the N H dv/16 chains (cp_chain_item), then
 // the (segment, sequence, head, x) items in that order, each of which waits for the flags of its
 // start state unless that is a sequence's first segment's (stage 1's).
@@ -495,8 +510,16 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
     e = wend < e ? wend : e;
     if (b >= e) return;
     // A start state that the chain forms: wait for it (the sequence's first slot is stage 1's).
-    if (chain && tid == 0 && w.state_in != w.seq * static_cast<std::int64_t>(p.cp_per_seq))
-      for (int c = v0; c < v0 + NC; c += kCpChainCols) wait_flag(cp_chain_flag(p, w.state_in, h, c / kCpChainCols));
+    // Only slots that its chain raises: with an invalid cu_seqlens the built lists may hold
+    // segments of a sequence whose table says one segment (cp_build_lists), and a wait there would
+    // never end; such a correction reads stage 1's state, as it does after the scan kernel.
+    if (chain && tid == 0) {
+      std::int64_t base;
+      int nseg;
+      cp_chain_span(p, w.seq, base, nseg);
+      if (w.state_in > base && w.state_in < base + cp_chain_steps(p, nseg))
+        for (int c = v0; c < v0 + NC; c += kCpChainCols) wait_flag(cp_chain_flag(p, w.state_in, h, c / kCpChainCols));
+    }
     __syncthreads();  // the previous entry's products (retired) no longer read the tiles; the flag seen
     const float* const src = E + (static_cast<std::int64_t>(w.state_in) * p.num_heads + h) * DK * p.dv + v0 * cs;
     // E's dk x 64 block into the hi and lo tiles, a unit (column n, product keys 8 q8 .. + 7) at a
@@ -630,9 +653,11 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
       cp_chain_item<DK>(p, E, M, k / (H * per_head), static_cast<int>(k / per_head % H),
                         static_cast<int>(k % per_head), reinterpret_cast<float*>(hi), tid);
     } else {
-      // Segment-major over the sequences (equal lengths: count / N entries each), so that the
-      // ready segments of every sequence come before any sequence's later ones.
-      const std::int64_t f = k - chains, N = p.num_seqs, per = count % N == 0 ? count / N : 0;
+      // Segment-major over the sequences (computed lists of equal lengths: count / N entries
+      // each), so that the ready segments of every sequence come before any sequence's later ones.
+      // Built lists (one sequence's segments after another's) are taken in their order.
+      const std::int64_t f = k - chains, N = p.num_seqs;
+      const std::int64_t per = p.cp_seq_slots == nullptr && count % N == 0 ? count / N : 0;
       std::int64_t i = f / (X * H), r = f % (X * H);
       if (per > 0) {
         const std::int64_t j = f / (N * X * H), rest = f % (N * X * H);

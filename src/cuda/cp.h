@@ -80,8 +80,9 @@ inline std::int64_t cp_chain_words(const CpLayout& c, int heads, int dv) {
 
 // Whether the split runs the scan inside the correction (cp.cuh, cp_chain_item) instead of as a
 // kernel of its own: a launch less and the correction of early segments overlapping the chain.
-// Where the lists are computed, exact, and a scan is needed at all. GDNKIT_CP_CHAIN (default 0)
-// turns it on at build time until its A/B on the GPU is in.
+// Where the split is exact and a scan is needed at all, with computed lists or lists built on the
+// device (the chains then read the built table, ChunkedParams::cp_seq_slots). GDNKIT_CP_CHAIN
+// (default 0) turns it on at build time until its A/B on the GPU is in.
 #ifndef GDNKIT_CP_CHAIN
 #define GDNKIT_CP_CHAIN 0
 #endif

@@ -830,13 +830,14 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   if (map_end_out) *map_end_out = map_end;
 
   // The chained correction's words (launch_cp's condition), poisoned, then guard words.
-  const bool chained = chain && computed && cutoff <= 0.0f && layout.cap3 > 0 && cuda::cp_needs_scan(p, layout, computed);
+  const bool chained = chain && cutoff <= 0.0f && layout.cap3 > 0 && cuda::cp_needs_scan(p, layout, computed);
   const std::int64_t chain_words = cuda::cp_chain_words(layout, s.H, s.dv);
   constexpr int kChainGuard = 64, kPoison = 0x5a5a5a5a;
   std::vector<int> words(static_cast<std::size_t>(chain_words + kChainGuard), kPoison);
   if (chained) {
     p.cp_chain = words.data();
     p.cp_chain_words = static_cast<int>(chain_words);
+    p.cp_seq_slots = slots_in;
   }
 
   cuda::ChunkedParams p1 = p;
@@ -881,7 +882,10 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
       const std::int64_t groups = s.dv / cuda::kCpChainCols, f = probe_flag - 1;
       const std::int64_t slot = f / groups / s.H, h = f / groups % s.H, c0 = f % groups * cuda::kCpChainCols;
       // (A sequence's first slot holds stage 1's state, read without a wait: not poisoned.)
-      for (int r = 0; r < s.dk && slot % p.cp_per_seq != 0; ++r)
+      bool first = false;
+      for (std::int64_t m = 0; m < n; ++m)
+        first = first || slot == (computed ? m * p.cp_per_seq : seq_slots[static_cast<std::size_t>(2 * m)]);
+      for (int r = 0; r < s.dk && !first; ++r)
         for (int c = 0; c < cuda::kCpChainCols; ++c) {
           const std::int64_t m = (slot * s.H + h) * s.dk * s.dv;
           const auto i = static_cast<std::size_t>(p.state_vk ? m + (c0 + c) * s.dk + r : m + r * s.dv + c0 + c);
@@ -945,7 +949,7 @@ TEST(Emulated, ContextParallel) {
     test::Inputs inputs;
     bool gate;
     bool final_state = true;  // without it the scan skips its last step (and the launch, below)
-    bool chain = false;       // the scan inside the correction (GDNKIT_CP_CHAIN), where the lists are computed
+    bool chain = false;       // the scan inside the correction (GDNKIT_CP_CHAIN)
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -966,13 +970,17 @@ TEST(Emulated, ContextParallel) {
       // Reset-style gates (-inf, -1e30, ...) inside segments: the maps and the scan see the floor.
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, test::Inputs::resets, true},
       // The scan inside the correction: 5, 3 (no gate), 2 (uniform, in place, vk) and 3 segments
-      // (dk 64); no final state (its last step skipped); shorter than a segment (no chain step).
+      // (dk 64); no final state (its last step skipped); shorter than a segment (no chain step);
+      // packed and uneven (lists built on the device: the chains read their table), with and
+      // without a final state.
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, true, true},
       {{300}, true, 128, 128, 64, 1, false, false, StateLayout::vk, real, false, true, true},
       {{200, 200}, false, 128, 128, 128, 3, true, true, StateLayout::vk, real, true, true, true},
       {{192, 192}, false, 64, 64, 64, 2, true, false, StateLayout::kv, hard, true, true, true},
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::vk, hard, true, false, true},
       {{100, 100}, false, 128, 128, 128, 1, true, false, StateLayout::kv, hard, true, true, true},
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true, true, true},
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 64, 2, true, false, StateLayout::kv, hard, true, false, true},
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -1001,16 +1009,18 @@ TEST(Emulated, ContextParallel) {
 // 1e-5 of its largest element.
 TEST(Emulated, ContextParallelChainMatchesScan) {
   struct Run {
-    std::int64_t len;
+    std::vector<std::int64_t> lens;
     int dk, seg;
     StateLayout layout;
     bool cu;
   };
-  const Run runs[] = {{400, 128, 64, StateLayout::kv, true}, {300, 64, 64, StateLayout::vk, false}};
+  // One sequence, two of one length (computed lists), three packed (lists built on the device).
+  const Run runs[] = {{{400}, 128, 64, StateLayout::kv, true},
+                      {{150, 150}, 64, 64, StateLayout::vk, false},
+                      {{330, 70, 200}, 128, 64, StateLayout::vk, true}};
   int k = 0;
   for (const Run& r : runs) {
-    Spec s = cp_case(r.cu ? std::vector<std::int64_t>{r.len} : std::vector<std::int64_t>{r.len / 2, r.len / 2}, r.cu,
-                     r.dk, 1700 + k++);
+    Spec s = cp_case(r.lens, r.cu, r.dk, 1700 + k++);
     s.initial_state = true;
     s.final_state = true;
     s.layout = r.layout;
@@ -1053,8 +1063,8 @@ TEST(Emulated, ContextParallelChainMatchesScan) {
 // The chained correction's waits, one flag left down at a time over a poisoned block of E
 // (emulate_cp's probe): the items that read the block wait for that flag first (the wait puts the
 // block back), so o has no NaN and matches the oracle; a sequence's first slot, which stage 1
-// forms, is never waited on. One sequence (list order) and two of one length (the items taken
-// segment-major).
+// forms, is never waited on. One sequence (list order), two of one length (the items taken
+// segment-major) and three packed (built lists).
 TEST(Emulated, ContextParallelChainWaits) {
   struct Probe {
     std::vector<std::int64_t> lens;
@@ -1069,6 +1079,12 @@ TEST(Emulated, ContextParallelChainWaits) {
       {{1100}, false, 128, 1, 0, 2, 1},  // segment 2 of 9: two chunks, one part
       {{300}, true, 64, 0, 1, 5, 0},     // segment 1 starts from stage 1's state: no wait
       {{192, 192}, false, 64, 4, 1, 7, 1},  // sequence 1 (slots 3 ..), its segment 2's start state
+      // Packed (built lists, slots from their table): sequence 0 (70 tokens) owns slots 0-1,
+      // sequence 1 (330) slots 2-7, sequence 2 (200) slots 8-11.
+      {{70, 330, 200}, true, 64, 4, 1, 3, 1},   // sequence 1's segment 3 starts from slot 4
+      {{70, 330, 200}, true, 64, 2, 0, 6, 0},   // sequence 1's first slot: stage 1's, no wait
+      {{70, 330, 200}, true, 64, 1, 1, 0, 0},   // sequence 0's final state: no correction reads it
+      {{70, 330, 200}, true, 64, 10, 0, 1, 1},  // sequence 2's segment 3 starts from slot 10
   };
   int k = 0;
   for (const Probe& pr : probes) {
