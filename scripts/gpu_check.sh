@@ -10,9 +10,10 @@
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
 #   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs;
 #   EMU=1 adds the emulator's tests (CPU only, minutes) to its ctest run.
-#   BUILD=build-chain CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DGDNKIT_CP_CHAIN=1 STAGES="build test" ...
+#   BUILD=build-bsw CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=0 STAGES="build test" ...
 #       (a build with extra CMake arguments, here a compile-time switch, in a folder of its own)
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
+#       (SANITIZE_TOOLS="memcheck racecheck" SANITIZE_MATCH=<regex of the cases> for fewer)
 #   STAGES=profile bash scripts/gpu_check.sh    (Nsight Compute sections of the walk and prep kernels;
 #                                                PROFILE_KERNELS=fused for the fused kernel)
 #   STAGES="build ab" AB_BASE=build-ab/base-src AB_ROWS=... AB_KERNELS=... [AB_ARGS=--beta-bf16] bash scripts/gpu_check.sh
@@ -29,7 +30,7 @@
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
 #       (the same with drivers built beforehand without a GPU by scripts/prebuild_drivers.sh and
 #        carried as DRIVERS/NAME.xz: nothing is built on the GPU machine)
-#   STAGES=checks CHECK_SIDES=chain CHECK_CASES=segments bash scripts/gpu_check.sh
+#   STAGES=checks CHECK_SIDES=bsw CHECK_CASES=segments bash scripts/gpu_check.sh
 #       (the GPU suite and compute-sanitizer on a variant's tests and CLI, built beforehand by
 #        prebuild_drivers.sh with CHECKS=1 and carried as build-ab/checks: nothing built here)
 set -uo pipefail
@@ -124,7 +125,7 @@ fi
 # required by name on a small and a medium batch, and its 64-column variant; the short walk on a
 # batch of short and longer sequences; then a sequence split into segments (context parallelism),
 # small and medium, with the decay shortcut, a packed batch split in value and map pairs, and one
-# sequence in 32 segments (a long scan, or chain).
+# sequence in 32 segments (a long scan).
 SANITIZE_CASES=("--lens 200,65,1,0,130 --heads 2,2,4 --layout vk"
                 "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear"
                 "--lens 300 --heads 1,1,2 --dtype f16"
@@ -153,7 +154,7 @@ sanitize_cli() {
 }
 
 if has sanitize; then
-  sanitize_cli "$BUILD/gdnkit" "memcheck racecheck synccheck initcheck"
+  sanitize_cli "$BUILD/gdnkit" "${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}" "${SANITIZE_MATCH:-.}"
   # Invalid cu_seqlens (decreasing, negative, past T) on every kernel and a split: memcheck sees
   # any access outside the buffers that the test's guards cannot.
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/gdnkit_gpu_tests" \

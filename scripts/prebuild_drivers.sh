@@ -7,7 +7,7 @@
 # OUTDIR are removed first, so that every file there is a side of the next comparison.
 #
 #   VARIANTS="bsw:-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=1" TREES=build-ab/base-src bash scripts/prebuild_drivers.sh
-#   VARIANTS="chain:-DGDNKIT_CP_CHAIN=1" VARIANT_SOURCES=cp.cu bash scripts/prebuild_drivers.sh
+#   VARIANTS="fc1:-DGDNKIT_FUSED_FIRST_COPIES=1" bash scripts/prebuild_drivers.sh
 #   then, on the GPU machine, carrying OUTDIR:
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
 # CHECKS=1 also packs this tree's and each variant's GPU tests and CLI (CHECKDIR, default

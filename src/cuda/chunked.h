@@ -182,15 +182,6 @@ struct ChunkedParams {
   // map_end[2 (m H + h)] is the token where the map walk stops and [.. + 1] is 1 where the
   // segment's start state is taken to have decayed away there (its M is then taken as zero).
   const int* map_end = nullptr;
-  // The chained correction (cp.cuh, cp_fix_cta; null: the scan runs as its own kernel):
-  // cp_chain_words words, a ticket counter then one flag per (E slot, head, 16 value columns). The
-  // walk-list fused kernel (stage 1) sets them to zero; the correction's CTAs take work items by
-  // ticket, the scan's chains first, and raise and wait on the flags.
-  int* cp_chain = nullptr;
-  int cp_chain_words = 0;
-  // With lists built in memory (cp_seg 0), their per-sequence table (cp_build_lists: seq_slots[2 n]
-  // the sequence's first E slot, [2 n + 1] its segments), which the chains read; else null.
-  const int* cp_seq_slots = nullptr;
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;

@@ -4,7 +4,6 @@
 #include "cuda/pdl_launch.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <mutex>
 
@@ -30,8 +29,7 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
   w.maps = w.states + align256(slots * dk * dv * sizeof(float));
   w.map_o = w.maps + align256(slots * dk * dk * sizeof(float));
   w.map_end = w.map_o + align256(static_cast<std::size_t>(tokens + 16) * heads * dk * 2);  // map_o_piece
-  w.chain = w.map_end + align256(slots * 2 * sizeof(int));
-  w.bytes = w.chain + align256(static_cast<std::size_t>(cp_chain_words(c, heads, dv)) * sizeof(int));
+  w.bytes = w.map_end + align256(slots * 2 * sizeof(int));
   return w;
 }
 
@@ -64,15 +62,15 @@ __global__ void __launch_bounds__(kCpStopThreads) gdn_cp_stop_kernel(const Chunk
   cp_stop_cta<kCpStopThreads>(p, list3, log_cutoff, map_end, sm, threadIdx.x);
 }
 
-template <typename T, int DK, bool kChain>
+template <typename T, int DK>
 __global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const ChunkedParams p, const WalkSpan* list3,
-                                                                    std::int64_t count, float* E, const float* M,
+                                                                    std::int64_t count, const float* E,
                                                                     const T* map_o) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma (the split runs on sm_90a only)
 #else
   extern __shared__ __align__(16) unsigned char fix_sm[];  // cp_fix_smem_bytes<DK>()
-  cp_fix_cta<T, DK, kChain>(p, list3, count, E, M, map_o, fix_sm, threadIdx.x);
+  cp_fix_cta<T, DK>(p, list3, count, E, map_o, fix_sm, threadIdx.x);
 #endif
 }
 
@@ -126,15 +124,6 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   void* const map_o = ws + w.map_o;
   const auto H = static_cast<unsigned>(p.num_heads);
 
-  // The scan inside the correction (GDNKIT_CP_CHAIN): stage 1 zeroes the ticket and flags.
-  const std::int64_t words = cp_chain_words(c, p.num_heads, p.dv);
-  const bool chain = GDNKIT_CP_CHAIN && cutoff <= 0.0f && c.cap3 > 0 && cp_needs_scan(p, c, computed) &&
-                     words <= INT_MAX;  // ChunkedParams::cp_chain_words is an int
-  if (chain) {
-    p.cp_chain = reinterpret_cast<int*>(ws + w.chain);
-    p.cp_chain_words = static_cast<int>(words);
-    p.cp_seq_slots = seq_slots;  // null for computed lists
-  }
   cudaError_t err = cudaSuccess;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
     auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
@@ -162,7 +151,7 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   err = launch_fused_encoded(k1, p1, maps, g1, stream);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
-  if (!chain && cp_needs_scan(p, c, computed)) {
+  if (cp_needs_scan(p, c, computed)) {
     const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
     if (dk == 128)
       err = launch_after(gdn_cp_scan_kernel<128>, grid, cp_scan_threads<128>(), cp_scan_smem_bytes<128>(), stream, p,
@@ -174,31 +163,21 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   }
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
-  const std::int64_t entries = cp_list_entries(p, c, computed, true);
-  const unsigned gx = static_cast<unsigned>(p.dv / kCpFixCols * parts);
-  // Chained: the entries that hold a segment are the items after the chains, which get CTAs too.
-  const std::int64_t chains = chain ? p.num_seqs * p.num_heads * (p.dv / kCpChainCols) : 0;
-  const std::int64_t per_z = static_cast<std::int64_t>(gx) * H;
-  const dim3 g3(gx, H, static_cast<unsigned>(std::min<std::int64_t>(entries + (chains + per_z - 1) / per_z, 65535)));
-  const std::int64_t count = chain ? entries : c.cap3;
+  const dim3 g3(static_cast<unsigned>(p.dv / kCpFixCols * parts), H,
+                static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, true), 65535)));
   const bool bf16 = k1.dtype == DType::bf16;
   using BF = __nv_bfloat16;
-  using H16 = __half;
-  auto fix = [&]<typename T>(void (*kernel)(ChunkedParams, const WalkSpan*, std::int64_t, float*, const float*, const T*),
-                             std::size_t smem, const void* mo) {
-    return launch_after(kernel, g3, kCpFixThreads, smem, stream, p, list3, count, E, M, static_cast<const T*>(mo));
-  };
   if (bf16 && dk == 128)
-    return chain ? fix(gdn_cp_fix_kernel<BF, 128, true>, cp_fix_smem_bytes<128>(), map_o)
-                 : fix(gdn_cp_fix_kernel<BF, 128, false>, cp_fix_smem_bytes<128>(), map_o);
+    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), stream, p, list3, c.cap3, E,
+                        static_cast<const BF*>(map_o));
   if (bf16)
-    return chain ? fix(gdn_cp_fix_kernel<BF, 64, true>, cp_fix_smem_bytes<64>(), map_o)
-                 : fix(gdn_cp_fix_kernel<BF, 64, false>, cp_fix_smem_bytes<64>(), map_o);
+    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), stream, p, list3, c.cap3, E,
+                        static_cast<const BF*>(map_o));
   if (dk == 128)
-    return chain ? fix(gdn_cp_fix_kernel<H16, 128, true>, cp_fix_smem_bytes<128>(), map_o)
-                 : fix(gdn_cp_fix_kernel<H16, 128, false>, cp_fix_smem_bytes<128>(), map_o);
-  return chain ? fix(gdn_cp_fix_kernel<H16, 64, true>, cp_fix_smem_bytes<64>(), map_o)
-               : fix(gdn_cp_fix_kernel<H16, 64, false>, cp_fix_smem_bytes<64>(), map_o);
+    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), stream, p, list3, c.cap3, E,
+                        static_cast<const __half*>(map_o));
+  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), stream, p, list3, c.cap3, E,
+                      static_cast<const __half*>(map_o));
 }
 
 #else  // no CUTLASS: no fused kernel, so no split either

@@ -1,6 +1,6 @@
 // Context parallelism on one GPU (docs/math.md "Splitting a sequence"): the device side of the
 // launches that cp.cu enqueues back to back on one stream (up to four: the builder and the scan
-// only where needed, the scan not at all where it is chained into the correction).
+// only where needed).
 //
 // Sequence n (len_n tokens, from cu_seqlens or the uniform length) is cut at chunk borders into
 // nseg_n = max(1, ceil(len_n / seg)) segments of `seg` tokens (the last one shorter). A sequence
@@ -23,11 +23,6 @@
 //     has three segments or more and the host knows it (computed lists).
 //   Stage 3, cp_fix_cta over list 3 (segments s >= 1): o_t += map_o[t] E[slot_n + s - 1], a
 //     chunk-parallel product (E split into a 16-bit hi + lo pair, fp32 accumulation).
-//   Chained (GDNKIT_CP_CHAIN, where the split is exact): stage 2 runs
-//     inside stage 3's kernel instead of as a launch of its own (cp_chain_item). Its CTAs take
-//     work by ticket, the chains first; a chain raises a flag per step, and the correction of a
-//     segment waits only for its own start state, so early segments are corrected while later
-//     states are still being chained. Stage 1 zeroes the tickets and flags.
 // Every token's o is thus walked once (the unsplit kernel's work), plus one identity walk of dk
 // columns per segment after the first, instead of the two walks of a re-walk of each segment.
 // The decay shortcut (cutoff > 0) adds cp_stop_cta before stage 1: the identity walks then stop
@@ -41,7 +36,6 @@
 #include "cuda/chunk_io.cuh"
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
-#include "cuda/flags.cuh"
 #include "cuda/mma_sm80.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/wgmma_sm90.cuh"
@@ -333,173 +327,37 @@ __device__ __forceinline__ void cp_stop_cta(const ChunkedParams& p, const WalkSp
 // each warp's staging tile of 16 rows x 32 fp32 products (pitch 36 floats).
 constexpr int kCpFixCols = 64, kCpFixChunks = 8, kCpFixThreads = 128, kCpFixStagePitch = 36;
 // E's 16-bit hi and lo copies as wgmma B tiles (128-byte swizzled, dk / 64 column blocks of 64
-// rows each), then the staging tiles; plus the slack that aligns the tiles to 1024 bytes, and 16
-// bytes past all that for the chained correction's ticket.
+// rows each), then the staging tiles; plus the slack that aligns the tiles to 1024 bytes.
 template <int DK>
 constexpr std::size_t kCpFixTileBytes = std::size_t(DK) * kCpFixCols * 2;
 template <int DK>
 __host__ __device__ constexpr std::size_t cp_fix_smem_bytes() {
-  return 2 * kCpFixTileBytes<DK> + 4 * 16 * std::size_t(kCpFixStagePitch) * 4 + kSwizzleAtomBytes + 16;
-}
-// The scan's chains inside the correction (cp_chain_item): value columns per chain (dv / 16 chains
-// per sequence and head, each step a quarter of a 64-column one's: four times the chains in
-// parallel, a quarter of the latency per step, and 16 accumulators per thread, which keeps the
-// correction's registers), and the pitch of their running state X (dk x 16 fp32) in the
-// correction's shared memory (over the tiles, idle during a chain): rows 24 floats apart, so that
-// a warp's B fragment loads (rows t and t + 4, columns g) fall in 32 distinct banks.
-constexpr int kCpChainCols = 16, kCpChainPitch = 24;
-static_assert(kCpFixCols % kCpChainCols == 0 && 128 * kCpChainPitch * 4 <= 2 * kCpFixTileBytes<64>);
-
-// The chained correction's words (ChunkedParams::cp_chain): the flag of E slot `slot`, head h,
-// value columns [16 b, + 16).
-__device__ __forceinline__ int* cp_chain_flag(const ChunkedParams& p, std::int64_t slot, int h, int b) {
-  return p.cp_chain + 1 + (slot * p.num_heads + h) * (p.dv / kCpChainCols) + b;
+  return 2 * kCpFixTileBytes<DK> + 4 * 16 * std::size_t(kCpFixStagePitch) * 4 + kSwizzleAtomBytes;
 }
 
-// Sequence n's first E slot and segments, as the scan reads them: from the built lists' table
-// (ChunkedParams::cp_seq_slots), else from computed lists. Its chain raises the flags of slots
-// base + 1 .. base + steps - 1 (cp_chain_steps).
-__device__ __forceinline__ void cp_chain_span(const ChunkedParams& p, std::int64_t n, std::int64_t& base, int& nseg) {
-  if (p.cp_seq_slots != nullptr) {
-    base = p.cp_seq_slots[2 * n], nseg = p.cp_seq_slots[2 * n + 1];
-  } else {
-    std::int64_t bos, eos;
-    seq_range(p, n, bos, eos);
-    base = n * p.cp_per_seq, nseg = cp_segments(eos - bos, p.cp_seg);
-  }
-}
-__device__ __forceinline__ int cp_chain_steps(const ChunkedParams& p, int nseg) {
-  return p.want_final_state ? nseg : nseg - 1;  // as cp_scan_cta
-}
-
-// Stage 2 inside the correction (ChunkedParams::cp_chain): the scan's chain
-// of sequence n, head h, value columns [16 b, + 16) by one correction CTA, E[base + s] <-
-// M_s E[base + s - 1] + E[base + s] for s = 1 .. steps - 1 in order, as cp_scan_cta does for
-// 8 columns (the same 3xTF32 products on m16n8k8, error ~2^-21 each; here accumulated onto N_s
-// in one fp32 accumulator). Warp w forms rows [DK/4 w, + DK/4); M's A fragments come straight
-// from global memory, one 16-byte load each (map_m_index), two k-steps ahead, and X
-// (kCpChainPitch) from shared memory. Each step's E raises its flag (cp_chain_flag) for the
-// correction items that start from it.
-template <int DK>
-__device__ __forceinline__ void cp_chain_item(const ChunkedParams& p, float* E, const float* M, std::int64_t n, int h,
-                                              int b, float* xs, int tid) {
-  constexpr int NC = kCpChainCols, XP = kCpChainPitch, MT = DK / 64;  // m16 tiles per warp
-  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  std::int64_t base;
-  int nseg;
-  cp_chain_span(p, n, base, nseg);
-  const int steps = cp_chain_steps(p, nseg);
-  if (steps < 2) return;
-  // Offsets inside one (slot, head) block of E (dk x dv, the state layout; the final state's
-  // blocks alike) fit 32 bits: element (row r, column c) at r rs + c cs.
-  const int rs = p.state_vk ? 1 : p.dv, cs = p.state_vk ? DK : 1;
-  const std::int64_t block = static_cast<std::int64_t>(DK) * p.dv;
-  auto slot_at = [&](std::int64_t slot) { return E + (slot * p.num_heads + h) * block + NC * b * cs; };
-  // This lane's accumulator element (mt, j, q): row 16 (MT warp + mt) + g + 8 (q / 2), column
-  // 8 j + 2 t + q % 2 of the chain's 16.
-  const int lane_off = (16 * MT * warp + g) * rs + 2 * t * cs;
-  auto off = [&](int mt, int j, int q) { return lane_off + (16 * mt + 8 * (q / 2)) * rs + (8 * j + q % 2) * cs; };
-  // X <- E_0, stage 1's end state of the first segment (consecutive threads, consecutive addresses).
-  {
-    const float* const e0 = slot_at(base);
-#pragma unroll 4
-    for (int i = tid; i < DK * NC; i += kCpFixThreads) {
-      const int r = p.state_vk ? i % DK : i / NC, c = p.state_vk ? i / DK : i % NC;
-      xs[r * XP + c] = load_cg(e0 + r * rs + c * cs);
-    }
-  }
-  __syncthreads();
-  for (int s = 1; s < steps; ++s) {
-    float* const es = slot_at(base + s);
-    // M_s X alone in the tensor cores' accumulator (their fp32 accumulation need not round to
-    // nearest: the error stays relative to the product's size), N_s added after, as the scan does.
-    float acc[MT][NC / 8][4] = {};
-    const float* const m = M + ((base + s) * p.num_heads + h) * static_cast<std::int64_t>(DK) * DK;
-    // M's fragments come from L2 (64 KB a step): k-steps ks + 1 and ks + 2 are in flight during
-    // k-step ks.
-    float4 ring[2][MT];
-    auto load_m = [&](int ks, float4 (&dst)[MT]) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        dst[mt] = *reinterpret_cast<const float4*>(m + (((MT * warp + mt) * (DK / 8) + ks) * 32 + lane) * 4);
-    };
-    load_m(0, ring[0]);
-    load_m(1, ring[1]);
-#pragma unroll 1
-    for (int ks = 0; ks < DK / 8; ++ks) {
-      std::uint32_t ah[MT][4], al[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const float4 a4 = ring[0][mt];
-        ring[0][mt] = ring[1][mt];
-        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tf32_split(av[e], ah[mt][e], al[mt][e]);
-      }
-      if (ks + 2 < DK / 8) load_m(ks + 2, ring[1]);
-#pragma unroll
-      for (int j = 0; j < NC / 8; ++j) {
-        std::uint32_t bh[2], bl[2];
-        tf32_split(xs[(8 * ks + t) * XP + 8 * j + g], bh[0], bl[0]);
-        tf32_split(xs[(8 * ks + t + 4) * XP + 8 * j + g], bh[1], bl[1]);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma1688_tf32(acc[mt][j], al[mt], bh[0], bh[1]);
-          mma1688_tf32(acc[mt][j], ah[mt], bl[0], bl[1]);
-          mma1688_tf32(acc[mt][j], ah[mt], bh[0], bh[1]);
-        }
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NC / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mt][j][q] += load_cg(es + off(mt, j, q));
-    __syncthreads();  // every warp is done reading X
-    float* const fin = s + 1 == nseg && p.want_final_state ? p.final_state + (n * p.num_heads + h) * block + NC * b * cs
-                                                             : nullptr;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NC / 8; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          xs[(16 * (MT * warp + mt) + g + 8 * (q / 2)) * XP + 8 * j + 2 * t + q % 2] = acc[mt][j][q];
-          es[off(mt, j, q)] = acc[mt][j][q];
-          if (fin != nullptr) fin[off(mt, j, q)] = acc[mt][j][q];
-        }
-    __syncthreads();  // X for the next step, and every thread's E stores before the flag
-    if (tid == 0) raise_flag(cp_chain_flag(p, base + s, h, b));
-  }
-}
-
-// Stage 3 for (value columns [64 (x % dv/64), + 64), part x / (dv/64) of each segment, head y,
-// list-3 entry i), one warpgroup: for each chunk of 64 rows t, o_t += map_o[t] E (E: dk x 64 of
-// the segment's start state) on wgmma (m64n64k16), map_o's rows as A from registers (warp w: rows
-// 16 w .. 16 w + 15, each k-step's fragment one 16-byte load: map_o_piece) and E as B from shared
-// memory, split into hi + lo = E to about 2^-16 relative. The products pass through shared memory
-// so that o is read and written 16 bytes at a time (the CUDA backend requires o 16-byte aligned
-// with strides of multiples of 8 elements). es: cp_fix_smem_bytes<DK>().
-// Without kChain, CTA (x, y, z) takes entries z, z + gridDim.z, .. < count (the scan ran before).
-// With it (ChunkedParams::cp_chain set; count: the list's entries that may hold a segment), the CTAs
-// take work items by ticket until none is left: first the N H dv/16 chains (cp_chain_item), then
-// the (segment, sequence, head, x) items in that order, each of which waits for the flags of its
-// start state unless that is a sequence's first segment's (stage 1's).
-template <typename T, int DK, bool kChain>
-__device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpan* list3, std::int64_t count, float* E,
-                                           const float* M, const T* map_o, unsigned char* es, int tid) {
+// Stage 3 for (value columns [64 (blockIdx.x % dv/64), + 64), part blockIdx.x / (dv/64) of each
+// segment, head blockIdx.y, list-3 entries blockIdx.z, + gridDim.z, ..), one warpgroup: for each
+// chunk of 64 rows t, o_t += map_o[t] E (E: dk x 64 of the segment's start state) on wgmma
+// (m64n64k16), map_o's rows as A from registers (warp w: rows 16 w .. 16 w + 15, each k-step's
+// fragment one 16-byte load: map_o_piece) and E as B from shared memory, split into hi + lo = E to about
+// 2^-16 relative. The products pass through shared memory so that o is read and written 16 bytes
+// at a time (the CUDA backend requires o 16-byte aligned with strides of multiples of 8 elements).
+// es: cp_fix_smem_bytes<DK>().
+template <typename T, int DK>
+__device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpan* list3, std::int64_t count,
+                                           const float* E, const T* map_o, unsigned char* es, int tid) {
   constexpr int NC = kCpFixCols, SP = kCpFixStagePitch, TB = static_cast<int>(kCpFixTileBytes<DK>);
-  const int blocks = p.dv / NC;
+  const int blocks = p.dv / NC, v0 = NC * (static_cast<int>(blockIdx.x) % blocks);
+  const int part = static_cast<int>(blockIdx.x) / blocks, h = blockIdx.y;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  constexpr bool chain = kChain;  // a kernel of its own: the chain's registers stay out of the plain correction
   unsigned char* const hi = es + ((kSwizzleAtomBytes - (smem_addr(es) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
   unsigned char* const lo = hi + TB;
   float* const stage = reinterpret_cast<float*>(lo + TB) + warp * 16 * SP;
   const std::int64_t cs = p.state_vk ? DK : 1, ds = p.state_vk ? 1 : p.dv;  // column, key strides
   // B's k-step kk (16 product keys) of the hi or lo tile: column block kk / 4, 32 bytes per step.
   const std::uint64_t dhi = gmma_desc(hi, 16, 1024), dlo = gmma_desc(lo, 16, 1024);
-  auto fix_entry = [&](std::int64_t i, int v0, int part, int h) {
+  grid_dependency_wait();
+  for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
     const WalkSpan w = cp_walk_entry(p, list3, i, true);
     // Rows past the map walk's end (the decay shortcut) have no map_o and no correction.
     const int wend = w.map < 0 || p.map_end == nullptr
@@ -508,19 +366,8 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
     const int b = w.begin + part * kCpFixChunks * kChunk;
     int e = w.end < b + kCpFixChunks * kChunk ? w.end : b + kCpFixChunks * kChunk;
     e = wend < e ? wend : e;
-    if (b >= e) return;
-    // A start state that the chain forms: wait for it (the sequence's first slot is stage 1's).
-    // Only slots that its chain raises: with an invalid cu_seqlens the built lists may hold
-    // segments of a sequence whose table says one segment (cp_build_lists), and a wait there would
-    // never end; such a correction reads stage 1's state, as it does after the scan kernel.
-    if (chain && tid == 0) {
-      std::int64_t base;
-      int nseg;
-      cp_chain_span(p, w.seq, base, nseg);
-      if (w.state_in > base && w.state_in < base + cp_chain_steps(p, nseg))
-        for (int c = v0; c < v0 + NC; c += kCpChainCols) wait_flag(cp_chain_flag(p, w.state_in, h, c / kCpChainCols));
-    }
-    __syncthreads();  // the previous entry's products (retired) no longer read the tiles; the flag seen
+    if (b >= e) continue;
+    __syncthreads();  // the previous entry's products (retired) no longer read the tiles
     const float* const src = E + (static_cast<std::int64_t>(w.state_in) * p.num_heads + h) * DK * p.dv + v0 * cs;
     // E's dk x 64 block into the hi and lo tiles, a unit (column n, product keys 8 q8 .. + 7) at a
     // time: one 16-byte store per tile, eight rows of a tile apart in consecutive threads (no bank
@@ -534,10 +381,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
       for (int u = 0; u < kBatch; ++u) {
         const int idx = (u0 + u) * kCpFixThreads + tid, n = idx % NC, q8 = idx / NC;
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const float* const a = src + n * cs + (8 * q8 + q) * ds;
-          xb[u][q] = chain ? load_cg(a) : *a;  // another CTA of this kernel stored a chain's E
-        }
+        for (int q = 0; q < 8; ++q) xb[u][q] = src[n * cs + (8 * q8 + q) * ds];
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -632,39 +476,6 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
         }
         __syncwarp();
       }
-    }
-  };
-  grid_dependency_wait();
-  if constexpr (!chain) {
-    const int v0 = NC * (static_cast<int>(blockIdx.x) % blocks), part = static_cast<int>(blockIdx.x) / blocks;
-    for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) fix_entry(i, v0, part, blockIdx.y);
-    return;
-  }
-  int* const ticket = reinterpret_cast<int*>(es + cp_fix_smem_bytes<DK>() - 16);
-  const std::int64_t X = gridDim.x, H = p.num_heads, per_head = p.dv / kCpChainCols, chains = p.num_seqs * H * per_head;
-  const std::int64_t total = chains + count * X * H;
-  for (;;) {
-    __syncthreads();  // the last item's reads of the ticket and of shared memory are done
-    if (tid == 0) *ticket = take_ticket(p.cp_chain);
-    __syncthreads();
-    const std::int64_t k = *ticket;
-    if (k >= total) break;
-    if (k < chains) {
-      cp_chain_item<DK>(p, E, M, k / (H * per_head), static_cast<int>(k / per_head % H),
-                        static_cast<int>(k % per_head), reinterpret_cast<float*>(hi), tid);
-    } else {
-      // Segment-major over the sequences (computed lists of equal lengths: count / N entries
-      // each), so that the ready segments of every sequence come before any sequence's later ones.
-      // Built lists (one sequence's segments after another's) are taken in their order.
-      const std::int64_t f = k - chains, N = p.num_seqs;
-      const std::int64_t per = p.cp_seq_slots == nullptr && count % N == 0 ? count / N : 0;
-      std::int64_t i = f / (X * H), r = f % (X * H);
-      if (per > 0) {
-        const std::int64_t j = f / (N * X * H), rest = f % (N * X * H);
-        i = rest / (X * H) * per + j, r = rest % (X * H);
-      }
-      const int x = static_cast<int>(r % X);
-      fix_entry(i, NC * (x % blocks), x / blocks, static_cast<int>(r / X));
     }
   }
 }

@@ -66,26 +66,11 @@ inline bool cp_needs_scan(const ChunkedParams& p, const CpLayout& c, bool comput
 }
 
 // The workspace of one split call: the two lists, the per-sequence slot table, the segments' end
-// states E and maps M, the map CTAs' output rows ((T + 16) x H x dk, 16-bit, map_o_piece), the
-// decay shortcut's stop points and the chained correction's ticket and flags (cp_chain_words).
+// states E and maps M, and the map CTAs' output rows ((T + 16) x H x dk, 16-bit, map_o_piece).
 struct CpWorkspace {
-  std::size_t list1 = 0, list3 = 0, seq_slots = 0, states = 0, maps = 0, map_o = 0, map_end = 0, chain = 0,
+  std::size_t list1 = 0, list3 = 0, seq_slots = 0, states = 0, maps = 0, map_o = 0, map_end = 0,
               bytes = 0;  // offsets, total
 };
-// The chained correction's words (ChunkedParams::cp_chain): a ticket counter and a flag per E
-// slot, head and 16 value columns (kCpChainCols).
-inline std::int64_t cp_chain_words(const CpLayout& c, int heads, int dv) {
-  return 1 + c.slots * heads * ((dv + 15) / 16);
-}
-
-// Whether the split runs the scan inside the correction (cp.cuh, cp_chain_item) instead of as a
-// kernel of its own: a launch less and the correction of early segments overlapping the chain.
-// Where the split is exact and a scan is needed at all, with computed lists or lists built on the
-// device (the chains then read the built table, ChunkedParams::cp_seq_slots). GDNKIT_CP_CHAIN
-// (default 0) turns it on at build time until its A/B on the GPU is in.
-#ifndef GDNKIT_CP_CHAIN
-#define GDNKIT_CP_CHAIN 0
-#endif
 CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t tokens, int heads, int dk, int dv);
 
 // Opts the split's kernels into their shared memory on `device` (the current device), once per
@@ -96,8 +81,7 @@ cudaError_t cp_prepare(int device);
 // cp_compute_lists holds), with cutoff > 0 the decay shortcut's stop points (cp_stop_cta), stage 1
 // on k1 (a walk-list fused kernel, opted into its shared memory, whose value-column blocks divide
 // dk: its map CTAs cover M; maps: the call's K, Q and V descriptors for it, chunked.h), the scan
-// (where cp_needs_scan, unless chained into the correction: GDNKIT_CP_CHAIN) and the correction;
-// every launch after the builder is a programmatic dependent launch (pdl.cuh).
+// (where cp_needs_scan) and the correction; every launch after the builder is a programmatic dependent launch (pdl.cuh).
 // p is the call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
 // cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,

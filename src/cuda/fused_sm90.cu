@@ -82,17 +82,15 @@ template <int DVB, bool kWalks>
 constexpr bool has_aux_p() {
   return DVB == 64 && !kWalks;
 }
-// (With GDNKIT_FUSED_AUX_P128 the unsplit 128-column kernel is its kAuxP instantiation alone:
-// kFusedAuxPAlone.)
 template <typename T, int DK, int DVB, bool kWalks>
 const void* fused_func(bool paired) {
   if constexpr (has_aux_p<DVB, kWalks>())
     if (paired) return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks, true>);
-  return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks, kFusedAuxPAlone<DVB, kWalks>>);
+  return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>);
 }
 template <typename T, int DK, int DVB, bool kWalks>
 constexpr std::size_t fused_smem_bytes() {
-  const std::size_t a = FusedSm90<T, DK, DVB, kWalks, kFusedAuxPAlone<DVB, kWalks>>::smem_bytes;
+  const std::size_t a = FusedSm90<T, DK, DVB, kWalks>::smem_bytes;
   if constexpr (has_aux_p<DVB, kWalks>()) {
     const std::size_t b = FusedSm90<T, DK, DVB, kWalks, true>::smem_bytes;
     return a > b ? a : b;

@@ -17,8 +17,7 @@
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column
-//                      pairs, the aux's, with A in fused_record; with GDNKIT_FUSED_AUX_P128 also
-//                      in the unsplit 128-column kernel, after the record), then the wgmma walk's chunk
+//                      pairs, the aux's, with A in fused_record), then the wgmma walk's chunk
 //                      step (walk_chunk with WgmmaWalk's products), the state in registers
 //                      throughout. State thread 0 issues the later chunks' TMA copies as each
 //                      step frees a stage (with two state warpgroups while the step's K S and
@@ -32,8 +31,7 @@
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
 // (a full chunk's V stage then holds its O for a TMA store), the record (and its gates) in
-// R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2 or
-// GDNKIT_FUSED_AUX_P128), P in
+// R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2), P in
 // one buffer (in the record stages with kAuxP); mbarriers track the copies. Named barriers:
 // FULL[c % R] (aux arrives when chunk c's K, Q, gates and record are in place; V's mbarrier the
 // state warps wait for themselves after FULL, GDNKIT_FUSED_V_WAIT_STATE), EMPTY[c % R] (the state
@@ -101,14 +99,6 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   // above overlap it; nothing in global memory is read or written before this wait.
   grid_dependency_wait();
   if constexpr (F::kWalks) {
-    // A split's chained correction starts from zeroed tickets and flags (ChunkedParams::cp_chain),
-    // which every CTA shares out (the correction waits for the whole grid).
-    if (fp.p.cp_chain != nullptr) {
-      const std::int64_t ctas = static_cast<std::int64_t>(gridDim.x) * gridDim.y * gridDim.z;
-      const std::int64_t cta = blockIdx.x + gridDim.x * (blockIdx.y + static_cast<std::int64_t>(gridDim.y) * blockIdx.z);
-      for (std::int64_t i = cta * F::kThreads + tid; i < fp.p.cp_chain_words; i += ctas * F::kThreads)
-        fp.p.cp_chain[i] = 0;
-    }
     // The CTA's entries, into shared memory (walk_entry) before the barrier below.
     if (tid < kCtaWalks) {
       const std::int64_t i = blockIdx.z + static_cast<std::int64_t>(tid) * gridDim.z;

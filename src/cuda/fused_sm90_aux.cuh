@@ -91,7 +91,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                         reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
                         gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair_from_peer<F>(j),
                         p.scale);
-        if constexpr (F::kAuxP && !F::kPWithA)  // G is published (fused_record's barriers)
+        if constexpr (F::kAuxP && !GDNKIT_FUSED_P_WITH_A)  // G is published (fused_record's barriers)
           fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
                      reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale,
                      tid);

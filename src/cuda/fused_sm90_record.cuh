@@ -81,7 +81,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   // With kPWithA (the aux's P, kAuxP) also Q K^T, in the same group: P = scale (Q K^T) .* D takes
   // the decay of A's pieces below (the same fragments: rows 16 w + g, + 8, columns 8 n + 2t, + 1),
   // instead of a second pass of exponentials and a second product wait after the inverse.
-  constexpr bool kPWithA = F::kPWithA;
+  constexpr bool kPWithA = F::kAuxP && GDNKIT_FUSED_P_WITH_A;
   float qkt[kPWithA ? 32 : 1];
   gmma_fence(kkt);
   if constexpr (kPWithA) gmma_fence(qkt);
@@ -267,7 +267,7 @@ template <class F>
 __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
                                         int tid) {
   using T = typename F::T;
-  constexpr int NP = F::kAuxP ? 64 : 64 / F::kStateWarpgroups;  // the aux: one warpgroup, every column
+  constexpr int NP = 64 / F::kStateWarpgroups;
   tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const std::uint64_t dk = fused_kdesc(kq + wg * NP * 128);  // rows [NP wg, NP wg + NP) of K

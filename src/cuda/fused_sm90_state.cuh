@@ -223,12 +223,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s),
                    reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid);
       // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
-      // With P in the record (kAuxP) at two state warpgroups, only a tail's zero rows: FULL
-      // published P.
-      if (!(F::kAuxP && F::kStateWarpgroups == 2) || nrows < C) {
-        gmma_smem_fence();
-        named_sync(F::kBarP, 128 * F::kStateWarpgroups);
-      }
+      gmma_smem_fence();
+      named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       GDNKIT_STEP_MARK(2);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};

@@ -78,22 +78,8 @@
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE_WALKS
 #define GDNKIT_FUSED_BLOCK_SOLVE_WALKS 1
 #endif
-// GDNKIT_FUSED_AUX_P128 (default 0): 1 makes the unsplit 128-column kernel its kAuxP instantiation:
-// the aux forms P after each record (fused_p, one warpgroup for all 64 columns), in two record
-// stages (three with P do not fit), so that the state warpgroups' step loses fused_p and the P
-// barrier. 2: the aux forms P with A, as the 64-column pairs' does (ptxas spills 92 bytes of the
-// aux's 120 registers there, in the inverse; 1 spills 28, in tail paths but for two reloads per
-// record). Neither timed yet.
-#ifndef GDNKIT_FUSED_AUX_P128
-#define GDNKIT_FUSED_AUX_P128 0
-#endif
 
 namespace gdnkit::cuda {
-
-// Whether the unsplit kernel of DVB columns is launched as its kAuxP instantiation even alone (no
-// cluster): the 128-column one with GDNKIT_FUSED_AUX_P128. (The 64-column one is, where it pairs.)
-template <int DVB, bool kWalks>
-constexpr bool kFusedAuxPAlone = GDNKIT_FUSED_AUX_P128 && DVB == 128 && !kWalks;
 
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
@@ -110,12 +96,8 @@ struct FusedSm90 {
   // (fused_cluster_x), whose aux forms every other record. The peer's copy then brings the whole
   // record (Mt, P, gam, dec), and the aux skips the peer's chunks. Alone (no cluster) such a CTA's
   // aux forms every record and P.
-  // (Also the unsplit 128-column kernel with GDNKIT_FUSED_AUX_P128, alone.)
   static constexpr bool kAuxP = kAuxP_;
-  static_assert(!kAuxP || !kWalks_, "P in the aux: the unsplit kernels");
-  // The aux forms P with A (GDNKIT_FUSED_P_WITH_A), else after the record (fused_p): at 128
-  // columns its 120 registers do not hold Q K^T beside A without spills (GDNKIT_FUSED_AUX_P128).
-  static constexpr bool kPWithA = kAuxP && GDNKIT_FUSED_P_WITH_A && (DVB_ == 64 || GDNKIT_FUSED_AUX_P128 == 2);
+  static_assert(!kAuxP || (DVB_ == 64 && !kWalks_), "P in the aux: the unsplit 64-column kernel");
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
@@ -152,8 +134,7 @@ struct FusedSm90 {
   // The aux copies chunk 0's K and Q alone first (GDNKIT_FUSED_FIRST_COPIES).
   static constexpr bool kKqFirst = GDNKIT_FUSED_FIRST_COPIES == 2 && !kWalks;
   static_assert(GDNKIT_FUSED_FIRST_COPIES == 0 || GDNKIT_FUSED_FIRST_COPIES == 2, "first copies: 0 or 2");
-  static constexpr int kRecStages =
-      DVB == 64 || (kWalks && DK == 128) ? 3 : kAuxP ? 2 : GDNKIT_FUSED_REC_STAGES;
+  static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
   static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
   // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
   // kBarDiag + w / 2: aux warp w + 1's rows of A are in place for warp w (w = 0, 2; GDNKIT_FUSED_DIAG_PAIRS).

@@ -142,12 +142,11 @@ std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first, bo
     const dim3 grid(static_cast<unsigned>(s.dv / dvb), static_cast<unsigned>(s.H),
                     static_cast<unsigned>(std::min<std::int64_t>(std::max<std::int64_t>(s.N, 1), zlimit)));
     const bool bf16 = problem.qkv_dtype == DType::bf16;
-    if (dvb == 128) {  // (the kAuxP instantiation with GDNKIT_FUSED_AUX_P128, as launched)
-      constexpr bool kAuxP = cuda::kFusedAuxPAlone<128, false>;
-      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 128, false, kAuxP>(p, grid);
-      else if (bf16) emulate_fused<__nv_bfloat16, 64, 128, false, kAuxP>(p, grid);
-      else if (s.dk == 128) emulate_fused<__half, 128, 128, false, kAuxP>(p, grid);
-      else emulate_fused<__half, 64, 128, false, kAuxP>(p, grid);
+    if (dvb == 128) {
+      if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 128>(p, grid);
+      else if (bf16) emulate_fused<__nv_bfloat16, 64, 128>(p, grid);
+      else if (s.dk == 128) emulate_fused<__half, 128, 128>(p, grid);
+      else emulate_fused<__half, 64, 128>(p, grid);
     } else if (s.dv % 128 == 0) {  // on the GPU, pairs: the instantiation with P in the aux
       if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 64, false, true>(p, grid);
       else if (bf16) emulate_fused<__nv_bfloat16, 64, 64, false, true>(p, grid);
@@ -720,18 +719,10 @@ TEST(Emulated, FusedWalkList) {
 // cover one scan step (2) and several, short last segments, a segment of one chunk, and in a
 // packed batch sequences that are not split at all (shorter than a segment, empty).
 // With cutoff > 0, the decay shortcut (cp_stop_cta first); E_out and map_end_out receive E (after
-// the scan) and the stop points. With chain, the scan runs inside the correction where launch_cp
-// would run it so under GDNKIT_CP_CHAIN (cp_chain_item); its words start poisoned (stage 1 zeroes
-// them) and end with every ticket taken and exactly the chain's flags raised, no wait on a flag
-// that was down. A probe (probe_flag >= 0, a word index) checks the waits instead: the scan kernel
-// forms the true states, the block of E that the flag guards is poisoned (NaN), the correction
-// starts with the chains' tickets taken and every flag raised but that one, a wait on it puts the
-// block back and raises it (a chain's step, just in time), and probe_waits receives the words
-// waited on while down. An item that read the block without that wait reads NaN.
+// the scan) and the stop points.
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
-                std::vector<int>* map_end_out = nullptr, bool chain = false, std::int64_t probe_flag = -1,
-                std::vector<std::int64_t>* probe_waits = nullptr) {
+                std::vector<int>* map_end_out = nullptr) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
@@ -829,17 +820,6 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   }
   if (map_end_out) *map_end_out = map_end;
 
-  // The chained correction's words (launch_cp's condition), poisoned, then guard words.
-  const bool chained = chain && cutoff <= 0.0f && layout.cap3 > 0 && cuda::cp_needs_scan(p, layout, computed);
-  const std::int64_t chain_words = cuda::cp_chain_words(layout, s.H, s.dv);
-  constexpr int kChainGuard = 64, kPoison = 0x5a5a5a5a;
-  std::vector<int> words(static_cast<std::size_t>(chain_words + kChainGuard), kPoison);
-  if (chained) {
-    p.cp_chain = words.data();
-    p.cp_chain_words = static_cast<int>(chain_words);
-    p.cp_seq_slots = slots_in;
-  }
-
   cuda::ChunkedParams p1 = p;
   p1.walks = l1;
   p1.num_walks = layout.cap1;
@@ -854,89 +834,23 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   if (layout.cap3 == 0) return;
 
   static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
-  if (chained) {
-    for (std::int64_t i = 0; i < chain_words; ++i) ASSERT_EQ(words[static_cast<std::size_t>(i)], 0) << "chain word " << i;
-  }
-  const bool probe = chained && probe_flag >= 0;
-  if ((!chained || probe) && cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
+  if (cuda::cp_needs_scan(p, layout, computed))  // as launch_cp
     run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpScanCols), static_cast<unsigned>(s.H), static_cast<unsigned>(n)),
              cuda::cp_scan_threads<DK>(),
              [&] { cuda::cp_scan_cta<DK>(p, slots_in, E.data(), M.data(), cuda::smem_raw, threadIdx.x); });
 
   const int parts = (seg + cuda::kCpFixChunks * cuda::kChunk - 1) / (cuda::kCpFixChunks * cuda::kChunk);
   static_assert(cuda::cp_fix_smem_bytes<128>() <= sizeof(cuda::smem_raw));
-  const unsigned gx = static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts);
-  if (!chained) {
-    run_grid(dim3(gx, static_cast<unsigned>(s.H), static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
-             cuda::kCpFixThreads, [&] {
-               cuda::cp_fix_cta<T, DK, false>(p, l3, layout.cap3, E.data(), nullptr, map_o.data(), cuda::smem_raw, threadIdx.x);
-             });
-  } else {  // launch_cp's grid: the entries that hold a segment, and CTAs for the chains
-    const std::int64_t entries = cuda::cp_list_entries(p, layout, computed, true);
-    const std::int64_t chains = n * s.H * (s.dv / cuda::kCpChainCols), per_z = static_cast<std::int64_t>(gx) * s.H;
-    const dim3 g3(gx, static_cast<unsigned>(s.H), static_cast<unsigned>(entries + (chains + per_z - 1) / per_z));
-    std::vector<std::pair<std::size_t, float>> guarded;  // the probe's block of E: (index, true value)
-    if (probe) {
-      words[0] = static_cast<int>(chains);
-      for (std::int64_t i = 1; i < chain_words; ++i) words[static_cast<std::size_t>(i)] = i == probe_flag ? 0 : 1;
-      const std::int64_t groups = s.dv / cuda::kCpChainCols, f = probe_flag - 1;
-      const std::int64_t slot = f / groups / s.H, h = f / groups % s.H, c0 = f % groups * cuda::kCpChainCols;
-      // (A sequence's first slot holds stage 1's state, read without a wait: not poisoned.)
-      bool first = false;
-      for (std::int64_t m = 0; m < n; ++m)
-        first = first || slot == (computed ? m * p.cp_per_seq : seq_slots[static_cast<std::size_t>(2 * m)]);
-      for (int r = 0; r < s.dk && !first; ++r)
-        for (int c = 0; c < cuda::kCpChainCols; ++c) {
-          const std::int64_t m = (slot * s.H + h) * s.dk * s.dv;
-          const auto i = static_cast<std::size_t>(p.state_vk ? m + (c0 + c) * s.dk + r : m + r * s.dv + c0 + c);
-          guarded.emplace_back(i, E[i]);
-          E[i] = std::numeric_limits<float>::quiet_NaN();
-        }
-      cuda::g_on_unraised_wait = [&](const int* flag) {
-        if (flag != words.data() + probe_flag) return;
-        for (const auto& [i, x] : guarded) E[i] = x;
-        words[static_cast<std::size_t>(probe_flag)] = 1;
-      };
-    }
-    cuda::g_unraised_waits.clear();
-    run_grid(g3, cuda::kCpFixThreads, [&] {
-      cuda::cp_fix_cta<T, DK, true>(p, l3, entries, E.data(), M.data(), map_o.data(), cuda::smem_raw, threadIdx.x);
-    });
-    cuda::g_on_unraised_wait = nullptr;
-    // Every CTA took tickets until one past the items; each chain step raised its flags, nothing else.
-    const std::int64_t ctas = static_cast<std::int64_t>(g3.x) * g3.y * g3.z;
-    EXPECT_EQ(words[0], chains + entries * per_z + ctas) << "tickets taken";
-    if (probe) {
-      if (probe_waits)
-        for (const int* w : cuda::g_unraised_waits) probe_waits->push_back(w - words.data());
-      return;
-    }
-    EXPECT_TRUE(cuda::g_unraised_waits.empty()) << cuda::g_unraised_waits.size() << " waits on flags that were down";
-    std::int64_t raised = 0, expected = 0;
-    for (std::int64_t i = 1; i < chain_words; ++i) {
-      ASSERT_TRUE(words[static_cast<std::size_t>(i)] == 0 || words[static_cast<std::size_t>(i)] == 1) << "flag " << i;
-      raised += words[static_cast<std::size_t>(i)];
-    }
-    for (std::int64_t m = 0; m < n; ++m) {
-      const std::int64_t len = c.starts[static_cast<std::size_t>(m) + 1] - c.starts[static_cast<std::size_t>(m)];
-      const std::int64_t nseg = len > seg ? (len + seg - 1) / seg : 1, steps = p.want_final_state ? nseg : nseg - 1;
-      if (steps >= 2) expected += (steps - 1) * s.H * (s.dv / cuda::kCpChainCols);
-    }
-    EXPECT_EQ(raised, expected) << "flags raised";
-  }
-  for (std::int64_t i = chain_words; i < chain_words + kChainGuard; ++i)
-    ASSERT_EQ(words[static_cast<std::size_t>(i)], kPoison) << "guard word " << i - chain_words << " after the chain's";
+  run_grid(dim3(static_cast<unsigned>(s.dv / cuda::kCpFixCols * parts), static_cast<unsigned>(s.H),
+                static_cast<unsigned>(std::min<std::int64_t>(layout.cap3, fix_z))),
+           cuda::kCpFixThreads,
+           [&] { cuda::cp_fix_cta<T, DK>(p, l3, layout.cap3, E.data(), map_o.data(), cuda::smem_raw, threadIdx.x); });
   for (std::size_t i = map_o_size; i < map_o.size(); ++i) {
     std::uint16_t bits;
     std::memcpy(&bits, &map_o[i], sizeof bits);
     ASSERT_EQ(bits, test::kNaN16) << "map_o guard element " << i - map_o_size << " written";
   }
   if (E_out) *E_out = E;
-}
-
-// The split's cases here: one q/k head shared by two value heads (GVA), dv 128.
-static Spec cp_case(std::vector<std::int64_t> lens, bool cu, int dk, std::uint64_t seed) {
-  return test::split_case(std::move(lens), cu, 1, 2, dk, 128, seed);
 }
 
 TEST(Emulated, ContextParallel) {
@@ -949,7 +863,6 @@ TEST(Emulated, ContextParallel) {
     test::Inputs inputs;
     bool gate;
     bool final_state = true;  // without it the scan skips its last step (and the launch, below)
-    bool chain = false;       // the scan inside the correction (GDNKIT_CP_CHAIN)
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -969,138 +882,30 @@ TEST(Emulated, ContextParallel) {
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::kv, hard, true, false},  // packed
       // Reset-style gates (-inf, -1e30, ...) inside segments: the maps and the scan see the floor.
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, test::Inputs::resets, true},
-      // The scan inside the correction: 5, 3 (no gate), 2 (uniform, in place, vk) and 3 segments
-      // (dk 64); no final state (its last step skipped); shorter than a segment (no chain step);
-      // packed and uneven (lists built on the device: the chains read their table), with and
-      // without a final state.
-      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, true, true},
-      {{300}, true, 128, 128, 64, 1, false, false, StateLayout::vk, real, false, true, true},
-      {{200, 200}, false, 128, 128, 128, 3, true, true, StateLayout::vk, real, true, true, true},
-      {{192, 192}, false, 64, 64, 64, 2, true, false, StateLayout::kv, hard, true, true, true},
-      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::vk, hard, true, false, true},
-      {{100, 100}, false, 128, 128, 128, 1, true, false, StateLayout::kv, hard, true, true, true},
-      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true, true, true},
-      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 64, 2, true, false, StateLayout::kv, hard, true, false, true},
   };
   int k = 0;
   for (const Run& r : runs) {
-    Spec s = cp_case(r.lens, r.cu, r.dk, 1600 + k);
+    Spec s;
+    s.lens = r.lens;
+    s.cu_seqlens = r.cu;
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = r.dk;
+    s.dv = 128;
     s.initial_state = r.init;
     s.in_place = r.in_place;
     s.final_state = r.final_state;
     s.layout = r.layout;
     s.inputs = r.inputs;
     s.has_gate = r.gate;
-    if (k++ == 5) s.o_head_pad = 8, s.o_token_pad = 24;
-    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1) +
-                 (r.chain ? " chained" : ""));
+    if (k == 5) s.o_head_pad = 8, s.o_token_pad = 24;
+    s.seed = 1600 + k++;
+    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1));
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
-    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.chain);
-    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.chain);
+    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z);
+    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z);
     expect_bf16_within(c, ref);
-  }
-}
-
-// The scan inside the correction (cp_chain_item) against the scan kernel (cp_scan_cta) on the same
-// inputs: the true end states E and the final states agree to fp32 rounding (both form M_s X on
-// 3xTF32 products, ~2^-21 each; the tolerance is far below what one dropped term of the three
-// would cost, ~2^-11), and o, rounded to bf16 after a sum that can cancel, within an ulp plus
-// 1e-5 of its largest element.
-TEST(Emulated, ContextParallelChainMatchesScan) {
-  struct Run {
-    std::vector<std::int64_t> lens;
-    int dk, seg;
-    StateLayout layout;
-    bool cu;
-  };
-  // One sequence, two of one length (computed lists), three packed (lists built on the device).
-  const Run runs[] = {{{400}, 128, 64, StateLayout::kv, true},
-                      {{150, 150}, 64, 64, StateLayout::vk, false},
-                      {{330, 70, 200}, 128, 64, StateLayout::vk, true}};
-  int k = 0;
-  for (const Run& r : runs) {
-    Spec s = cp_case(r.lens, r.cu, r.dk, 1700 + k++);
-    s.initial_state = true;
-    s.final_state = true;
-    s.layout = r.layout;
-    s.inputs = test::Inputs::hard;  // little decay: every step of the chain carries weight
-    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg));
-    Case scan = test::random_case(s), chain = test::random_case(s);
-    std::vector<float> e_scan, e_chain;
-    if (r.dk == 128) {
-      emulate_cp<__nv_bfloat16, 128>(scan, r.seg, 128, 2, 0.0f, &e_scan);
-      emulate_cp<__nv_bfloat16, 128>(chain, r.seg, 128, 2, 0.0f, &e_chain, nullptr, true);
-    } else {
-      emulate_cp<__nv_bfloat16, 64>(scan, r.seg, 64, 2, 0.0f, &e_scan);
-      emulate_cp<__nv_bfloat16, 64>(chain, r.seg, 64, 2, 0.0f, &e_chain, nullptr, true);
-    }
-    ASSERT_EQ(e_scan.size(), e_chain.size());
-    double big = 0.0;
-    for (float x : e_scan)
-      if (std::isfinite(x)) big = std::max(big, static_cast<double>(std::fabs(x)));
-    ASSERT_GT(big, 0.0);
-    for (std::size_t i = 0; i < e_scan.size(); ++i) {
-      ASSERT_EQ(std::isnan(e_scan[i]), std::isnan(e_chain[i])) << "E element " << i << " written by one side only";
-      if (!std::isnan(e_scan[i])) {
-        ASSERT_LE(std::fabs(static_cast<double>(e_scan[i]) - e_chain[i]), 2e-6 * big) << "E element " << i;
-      }
-    }
-    const std::size_t nf = scan.fin.n;
-    for (std::size_t i = 0; i < nf; ++i) {
-      ASSERT_LE(std::fabs(static_cast<double>(scan.fin.data()[i]) - chain.fin.data()[i]), 2e-6 * big) << "final state " << i;
-    }
-    double big_o = 0.0;
-    for (std::size_t i = 0; i < scan.o.n; ++i)
-      big_o = std::max(big_o, std::fabs(static_cast<double>(detail::bf16_to_float(scan.o.data()[i]))));
-    for (std::size_t i = 0; i < scan.o.n; ++i) {
-      const double a = detail::bf16_to_float(scan.o.data()[i]), b = detail::bf16_to_float(chain.o.data()[i]);
-      ASSERT_LE(std::fabs(a - b), std::ldexp(std::fabs(a), -7) + 1e-5 * big_o) << "o element " << i;
-    }
-  }
-}
-
-// The chained correction's waits, one flag left down at a time over a poisoned block of E
-// (emulate_cp's probe): the items that read the block wait for that flag first (the wait puts the
-// block back), so o has no NaN and matches the oracle; a sequence's first slot, which stage 1
-// forms, is never waited on. One sequence (list order), two of one length (the items taken
-// segment-major) and three packed (built lists).
-TEST(Emulated, ContextParallelChainWaits) {
-  struct Probe {
-    std::vector<std::int64_t> lens;
-    bool cu;
-    int seg;
-    std::int64_t slot;  // E slot of the flag left down
-    int head, group;    // its head and 16-column group
-    int waits;          // 1: an item reads the block it guards; 0: none waits (stage 1's slot)
-  };
-  const Probe probes[] = {
-      {{300}, true, 64, 2, 1, 5, 1},     // segment 3's start state: one chunk, one part
-      {{1100}, false, 128, 1, 0, 2, 1},  // segment 2 of 9: two chunks, one part
-      {{300}, true, 64, 0, 1, 5, 0},     // segment 1 starts from stage 1's state: no wait
-      {{192, 192}, false, 64, 4, 1, 7, 1},  // sequence 1 (slots 3 ..), its segment 2's start state
-      // Packed (built lists, slots from their table): sequence 0 (70 tokens) owns slots 0-1,
-      // sequence 1 (330) slots 2-7, sequence 2 (200) slots 8-11.
-      {{70, 330, 200}, true, 64, 4, 1, 3, 1},   // sequence 1's segment 3 starts from slot 4
-      {{70, 330, 200}, true, 64, 2, 0, 6, 0},   // sequence 1's first slot: stage 1's, no wait
-      {{70, 330, 200}, true, 64, 1, 1, 0, 0},   // sequence 0's final state: no correction reads it
-      {{70, 330, 200}, true, 64, 10, 0, 1, 1},  // sequence 2's segment 3 starts from slot 10
-  };
-  int k = 0;
-  for (const Probe& pr : probes) {
-    Spec s = cp_case(pr.lens, pr.cu, 128, 1750 + k++);
-    s.initial_state = true;
-    s.final_state = true;
-    s.inputs = test::Inputs::hard;
-    SCOPED_TRACE(s.describe() + " seg=" + std::to_string(pr.seg) + " slot=" + std::to_string(pr.slot));
-    Case c = test::random_case(s);
-    const test::Reference ref = test::run_reference(c);
-    const std::int64_t flag = 1 + (pr.slot * s.Hv + pr.head) * (s.dv / cuda::kCpChainCols) + pr.group;
-    std::vector<std::int64_t> waits;
-    emulate_cp<__nv_bfloat16, 128>(c, pr.seg, 128, 2, 0.0f, nullptr, nullptr, true, flag, &waits);
-    EXPECT_EQ(static_cast<int>(waits.size()), pr.waits);  // the first wait raises it
-    for (std::int64_t w : waits) EXPECT_EQ(w, flag) << "a wait on another flag that was down";
-    expect_bf16_within(c, ref);  // the scan kernel formed the states the items read
   }
 }
 

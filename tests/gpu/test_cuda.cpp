@@ -1289,8 +1289,7 @@ TEST_F(Cuda, ContextParallel) {
     s.inputs = Inputs::hard;
     s.initial_state = true;
     runs.push_back({s, 2});
-    // 32 segments of four chunks, four value heads: a long scan (chained into the correction
-    // under GDNKIT_CP_CHAIN: 31 steps of waits and flags per chain).
+    // 32 segments of four chunks, four value heads: a long scan (31 steps per sequence and head).
     s = cp_spec({8192}, true, 128, 128, DType::bf16, 1734);
     s.Hq = s.Hk = 1, s.Hv = 4;
     s.inputs = Inputs::hard;
