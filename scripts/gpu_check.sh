@@ -10,7 +10,7 @@
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
 #   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs;
 #   EMU=1 adds the emulator's tests (CPU only, minutes) to its ctest run.
-#   BUILD=build-bsw CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=0 STAGES="build test" ...
+#   BUILD=build-kq1 CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DGDNKIT_FUSED_KQ_FIRST=1 STAGES="build test" ...
 #       (a build with extra CMake arguments, here a compile-time switch, in a folder of its own)
 #   STAGES="build sanitize" bash scripts/gpu_check.sh   (compute-sanitizer memcheck/racecheck/synccheck/initcheck)
 #       (SANITIZE_TOOLS="memcheck racecheck" SANITIZE_MATCH=<regex of the cases> for fewer)
@@ -20,7 +20,7 @@
 #       (A/B in one run: bench_gdnkit of other source trees, e.g. `git archive main | tar -x -C
 #        build-ab/base-src`, against this one, alternating, two rounds; AB_BASE may name several
 #        trees; carry them along)
-#   STAGES="build variants" VARIANTS="o4:-DGDNKIT_WALK_PROBE_OUT=4 s64:-DGDNKIT_FUSED_STAGE_O64=1" AB_ROWS=... \
+#   STAGES="build variants" VARIANTS="o4:-DGDNKIT_WALK_PROBE_OUT=4 kq1:-DGDNKIT_FUSED_KQ_FIRST=1" AB_ROWS=... \
 #       bash scripts/gpu_check.sh
 #       (the same, against bench_gdnkit with only fused_sm90.cu recompiled under each variant's
 #        flags, several flags joined by '#': a minute per variant instead of a second build;
@@ -30,7 +30,7 @@
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh
 #       (the same with drivers built beforehand without a GPU by scripts/prebuild_drivers.sh and
 #        carried as DRIVERS/NAME.xz: nothing is built on the GPU machine)
-#   STAGES=checks CHECK_SIDES=bsw CHECK_CASES=segments bash scripts/gpu_check.sh
+#   STAGES=checks CHECK_SIDES=kq1 CHECK_CASES=segments bash scripts/gpu_check.sh
 #       (the GPU suite and compute-sanitizer on a variant's tests and CLI, built beforehand by
 #        prebuild_drivers.sh with CHECKS=1 and carried as build-ab/checks: nothing built here)
 set -uo pipefail

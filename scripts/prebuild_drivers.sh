@@ -6,7 +6,7 @@
 # other source tree (e.g. `git archive BASE | tar -x -C build-ab/base-src`). Old .xz files in
 # OUTDIR are removed first, so that every file there is a side of the next comparison.
 #
-#   VARIANTS="bsw:-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=1" TREES=build-ab/base-src bash scripts/prebuild_drivers.sh
+#   VARIANTS="kq1:-DGDNKIT_FUSED_KQ_FIRST=1" TREES=build-ab/base-src bash scripts/prebuild_drivers.sh
 #   VARIANTS="fc1:-DGDNKIT_FUSED_FIRST_COPIES=1" bash scripts/prebuild_drivers.sh
 #   then, on the GPU machine, carrying OUTDIR:
 #   STAGES=drivers DRIVERS=build-ab/drivers AB_ROWS=... bash scripts/gpu_check.sh

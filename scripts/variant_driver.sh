@@ -10,7 +10,7 @@
 #       -> BUILD/variant-NAME/{bench_gdnkit,gdnkit_gpu_tests,gdnkit}
 #
 # BUILD is a configured build folder whose bench_gdnkit is built; FLAGS are nvcc flags joined by
-# '#' (e.g. "-DGDNKIT_FUSED_BLOCK_SOLVE_WALKS=1#-DOTHER=2"). Used by gpu_check.sh's variants stage
+# '#' (e.g. "-DGDNKIT_FUSED_KQ_FIRST=1#-DGDNKIT_FUSED_FIRST_COPIES=0"). Used by gpu_check.sh's variants stage
 # and by prebuild_drivers.sh (drivers built without a GPU, timed on one later). SPILLS_OK=1 drops
 # the spill check (GDNKIT_SPILL_CHECK) from the variant's compile: for instrumented builds (the step
 # marks: -DGDNKIT_FUSED_TIMELINE#-DGDNKIT_STEP_MARKS), which spill and are read for their marks only.

@@ -54,7 +54,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
         F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
-        if constexpr (GDNKIT_FUSED_KQ_AT_END && F::kStateWarpgroups == 1) {  // (fused_state's kKqAtEnd)
+        if constexpr (F::kStateWarpgroups == 1) {  // (fused_state's kKqAtEnd)
           const bool more2 = more && chunks.valid(nxt2);
           const ChunkPos nxt3 = more2 ? chunks.next(nxt2) : nxt2;
           F::ahead(smem, j % R)[2] = more2 && chunks.valid(nxt3) ? nxt3.c0 : -1;
@@ -91,10 +91,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                         reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
                         gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair_from_peer<F>(j),
                         p.scale);
-        if constexpr (F::kAuxP && !GDNKIT_FUSED_P_WITH_A)  // G is published (fused_record's barriers)
-          fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, j % R),
-                     reinterpret_cast<const float*>(smem + F::off_gates + (j % R) * F::gates_bytes) + C, p.scale,
-                     tid);
         if constexpr (F::kAuxP) probe.mark();
       }
 #endif
@@ -109,9 +105,6 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
                             peer_smem(F::rec_full_bar(smem, j % R), peer));
         }
       }
-#if GDNKIT_FUSED_PROBE_SKIP != 3 && !GDNKIT_FUSED_V_WAIT_STATE
-      mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V
-#endif
       gmma_smem_fence();  // the record's stores, before the state warpgroups' wgmma
       named_arrive(F::kBarFull + j % R, F::kThreads);
       probe.mark();

@@ -45,7 +45,7 @@ __device__ __forceinline__ void publish_gates(float* gs, unsigned char* rec, int
 // beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: Mt hi,
 // Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the valid row blocks:
 // the blocks right of the diagonal zero since zero_record_tiles), gam and dec; and G log2(e) into
-// `gates` for fused_p. With kAuxP (and GDNKIT_FUSED_P_WITH_A) also P, scaled by `scale`, into the
+// `gates` for fused_p. With kAuxP also P, scaled by `scale`, into the
 // record stage. The caller's copies of K (and Q) have landed; this starts with an aux barrier.
 // With mt false only G, gam and dec: the other CTA of a pair forms Mt (fused_paired).
 template <class F>
@@ -75,13 +75,13 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     return;
   }
   // K K^T (rows and columns: K; warp w holds rows 16 w + g and + 8, columns 8 n + 2t, + 1), in
-  // flight while G is formed. (Q K^T is the state warpgroups', fused_p, but with kPWithA below.)
+  // flight while G is formed. (Q K^T is the state warpgroups', fused_p, but with kAuxP below.)
   const std::uint64_t dk = fused_kdesc(kq);
   float kkt[32];
   // With kPWithA (the aux's P, kAuxP) also Q K^T, in the same group: P = scale (Q K^T) .* D takes
   // the decay of A's pieces below (the same fragments: rows 16 w + g, + 8, columns 8 n + 2t, + 1),
   // instead of a second pass of exponentials and a second product wait after the inverse.
-  constexpr bool kPWithA = F::kAuxP && GDNKIT_FUSED_P_WITH_A;
+  constexpr bool kPWithA = F::kAuxP;
   float qkt[kPWithA ? 32 : 1];
   gmma_fence(kkt);
   if constexpr (kPWithA) gmma_fence(qkt);
@@ -148,7 +148,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
     }
   }
   __syncwarp();
-  constexpr bool kDiagPairs = GDNKIT_FUSED_DIAG_PAIRS;
+  constexpr bool kDiagPairs = true;  // (invert_unit_lower's kDiagPairs; the prep kernel's are false)
   // Warp w + 1's rows of A, for warp w's second diagonal block (w even). Warp w + 1 waits too (a
   // bar.arrive there made racecheck report the gate stores at the record's start against the cumsum's
   // reads): it forms more of A than warp w, so it arrives last and does not wait.
@@ -258,8 +258,8 @@ __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) 
 }
 
 // P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
-// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; with kAuxP by the aux, as one
-// warpgroup): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
+// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; not with kAuxP, whose aux
+// forms P with A): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
 // staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the
 // diagonal; rows past a tail's end are zero, as Q's are). The caller fences and orders the stores
 // before the walk's wgmma reads them.
@@ -283,43 +283,19 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   const float gi[2] = {Gs[i0], Gs[i0 + 8]};
   gmma_wait<0>();
   gmma_fence(acc);
-  // P formed by the aux (kAuxP with GDNKIT_FUSED_P_WITH_A=0; by default fused_record forms it with A,
-  // stored the same way) goes out as stmatrix fragments (the accumulator's C tiles are
-  // exactly those): each stsm_x4 stores column tiles n, n + 1 (rows 0-7 and 8-15 of the warp's 16
-  // each), one 16-byte row piece per lane, a quarter of the store instructions. Measured 0.9-1.4%
-  // faster on the 64-column pairs, whose aux sets the step; in the state warpgroups of the
-  // 128-column kernel level or slower, and its walk-list variants then spill (docs/perf-notes.md,
-  // "P stored by stmatrix").
-  constexpr bool kStsm = F::kAuxP;
-  if constexpr (kStsm) {
+  // (The aux's P, kAuxP, is formed with A by fused_record and stored by stmatrix; here, in the state
+  // warpgroups, stmatrix was level or slower and made the walk-list variants spill: docs/perf-notes.md,
+  // "P stored by stmatrix".)
 #pragma unroll
-    for (int q = 0; q < NP / 16; ++q) {
-      std::uint32_t r[4];
+  for (int n = 0; n < NP / 8; ++n) {
+    const int j = NP * wg + 8 * n + 2 * t;
+    const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
 #pragma unroll
-      for (int nn = 0; nn < 2; ++nn) {
-        const int n = 2 * q + nn, j = NP * wg + 8 * n + 2 * t;
-        const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float2 d = decay_pair(gi[hh], gj, i0 + 8 * hh, j);
-          r[2 * nn + hh] = pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
-        }
-      }
-      const int m = lane / 8;
-      stsm_x4(P + swizzle128(16 * warp + 8 * (m % 2) + lane % 8, (NP * wg) / 8 + 2 * q + m / 2), r);
-    }
-  } else {
-#pragma unroll
-    for (int n = 0; n < NP / 8; ++n) {
-      const int j = NP * wg + 8 * n + 2 * t;
-      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = i0 + 8 * hh;
-        const float2 d = decay_pair(gi[hh], gj, i, j);
-        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
-            pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
-      }
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = i0 + 8 * hh;
+      const float2 d = decay_pair(gi[hh], gj, i, j);
+      *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
+          pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
     }
   }
 }

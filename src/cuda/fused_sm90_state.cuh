@@ -85,16 +85,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   // sets the step), the warps meet at a barrier of their own after staging and thread 0 stores at
   // once, so that V's copy stays right after FULL (moved after the store, it made the pairs 2.5-4.5%
   // slower). A map CTA's map_o is in fragment order, which a TMA box does not write: direct stores,
-  // as for tails (GDNKIT_FUSED_STAGE_O64 / _O_WALKS = 0 keep them in those kernels too).
-  constexpr bool kStageO =
-      (!F::kWalks || GDNKIT_FUSED_STAGE_O_WALKS) && (F::kStateWarpgroups == 2 || GDNKIT_FUSED_STAGE_O64);
-  constexpr bool kStoreAtEnd = kStageO && F::kStateWarpgroups == 1;
-  // K and Q of chunk j + 2 right after FULL of chunk j (GDNKIT_FUSED_KQ_FIRST).
-  // With one state warpgroup (GDNKIT_FUSED_KQ_AT_END): chunk j + 3's at the end of step j instead.
-  constexpr bool kKqAtEnd = GDNKIT_FUSED_KQ_AT_END && kStoreAtEnd;
-  constexpr bool kKqFirst =
-      !kKqAtEnd &&
-      (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && (F::kWalks || F::kStateWarpgroups == 1)));
+  // as for tails.
+  constexpr bool kStoreAtEnd = F::kStateWarpgroups == 1;
+  // With one state warpgroup, chunk j + 3's K and Q are copied at the end of step j (1.9-2.7% off
+  // the 64-column pairs against the order below). With two, chunk j + 2's right after FULL of
+  // chunk j in the walk-list kernels (GDNKIT_FUSED_KQ_FIRST), in walk_chunk's aside otherwise.
+  constexpr bool kKqAtEnd = kStoreAtEnd;
+  constexpr bool kKqFirst = !kKqAtEnd && (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && F::kWalks));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
 #pragma unroll
@@ -155,7 +152,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
-#if GDNKIT_FUSED_V_WAIT_STATE && GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_FUSED_PROBE_SKIP != 3
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
       GDNKIT_STEP_MARK(1);
@@ -169,7 +166,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         if (a >= 0) copy.kq(a, (j + 2) % 3);
       }
 #endif
-      if constexpr (kStageO && !kStoreAtEnd)
+      if constexpr (!kStoreAtEnd)
         if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's; K and Q above where kKqFirst). With
@@ -180,7 +177,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // they are issued here: later, they delayed the aux's next records (1-2% slower;
       // docs/perf-notes.md).
       // V's copy goes there too where O is staged: it waits for the store's reads of the stage.
-      constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || (kStageO && !kStoreAtEnd);
+      constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || !kStoreAtEnd;
       const auto copy_kq = [&] {
 #if GDNKIT_FUSED_PROBE_SKIP != 3
         if (!kKqFirst && !kKqAtEnd && tid == 0 && j >= 1) {
@@ -194,7 +191,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         if (tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
-            if constexpr (kStageO) bulk_wait_read<0>();  // chunk j - 1's O, staged where V goes
+            bulk_wait_read<0>();  // chunk j - 1's O, staged where V goes
             copy.v(a, (j + 1) % 2);
           }
         }
@@ -203,9 +200,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       if constexpr (!kVAside) copy_v();
       if constexpr (!kCopiesAside) copy_kq();
       const auto aside = [&] {
-        if constexpr (kVAside && !kStageO) copy_v();
         if constexpr (kCopiesAside) copy_kq();
-        if constexpr (kVAside && kStageO) copy_v();  // after K and Q: it waits for the O store's reads
+        if constexpr (kVAside) copy_v();  // after K and Q: it waits for the O store's reads
       };
       probe.mark();
       unsigned char* const rec = F::rec(smem, s);
@@ -242,7 +238,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       T* const orow0 = to_map ? static_cast<T*>(p.map_o) + map_o_piece(c0, h, mkk, mt % 32, p.num_heads, DK)
                        : kOpaqueLane<F> ? ohead + opaque(v0 + l.cw) + c0 * o_token
                                         : ohead + v0 + l.cw + c0 * o_token;
-      unsigned char* const o_stage = kStageO && nrows == C && (!F::kWalks || (orows > 0 && !to_map))
+      unsigned char* const o_stage = nrows == C && (!F::kWalks || (orows > 0 && !to_map))
                                          ? reinterpret_cast<unsigned char*>(F::v(smem, j % 2))
                                          : nullptr;
 #if GDNKIT_FUSED_PROBE_SKIP == 2
@@ -250,25 +246,23 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       else
 #endif
       switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<W, 4, kStageO>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside, o_stage); break;
+        case 4: walk_chunk<W, 4, true>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside, o_stage); break;
         case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
         case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
         default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
       }
-      if constexpr (kStageO) {
-        if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
-        o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
-        if constexpr (kStoreAtEnd) {
-          if (kKqAtEnd || o_pending >= 0) named_sync(F::kBarP, 128);  // every warp's stmatrix and products
+      if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
+      o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
+      if constexpr (kStoreAtEnd) {
+        if (kKqAtEnd || o_pending >= 0) named_sync(F::kBarP, 128);  // every warp's stmatrix and products
 #if GDNKIT_FUSED_PROBE_SKIP != 3
-          if (kKqAtEnd && tid == 0) {  // chunk j's K and Q stage is free: chunk j + 3's go there
-            const int a = F::ahead(smem, s)[2];
-            if (a >= 0) copy.kq(a, j % 3);
-          }
-#endif
-          if (o_pending >= 0 && tid == 0) store_staged_o(j);
-          o_pending = -1;
+        if (kKqAtEnd && tid == 0) {  // chunk j's K and Q stage is free: chunk j + 3's go there
+          const int a = F::ahead(smem, s)[2];
+          if (a >= 0) copy.kq(a, j % 3);
         }
+#endif
+        if (o_pending >= 0 && tid == 0) store_staged_o(j);
+        o_pending = -1;
       }
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 16);
       named_arrive(F::kBarEmpty + s, F::kThreads);
@@ -293,7 +287,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       store_state_tiles<DK>(st, p, lane_state_offset<DK>(p, walk_seq(i), h, c.col, c.t));
     }
   }
-  if constexpr (kStageO) {  // the last chunk's staged O; no store is in flight at exit
+  {  // the last chunk's staged O; no store is in flight at exit
     if (o_pending >= 0) {
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);  // every warp's stmatrix
       if (tid == 0) store_staged_o(j - 1);

@@ -7,25 +7,12 @@
 #include "cuda/prep_kernel.cuh"
 #include "cuda/walk_sm90.cuh"
 
-// Switches, on by default since the variants run of docs/perf-notes.md ("O staged in every
-// kernel; V waited for by the state warps"); 0 builds the earlier form, for A/B runs with
-// scripts/gpu_check.sh's variants stage:
-// - GDNKIT_FUSED_STAGE_O64: the one-warpgroup kernels (64-column pairs) stage O for a TMA store
-//   too (fused_state);
-// - GDNKIT_FUSED_STAGE_O_WALKS: so do the walk-list kernels' value CTAs;
-// - GDNKIT_FUSED_V_WAIT_STATE: the state warps wait for each chunk's V themselves after FULL, so
-//   that the aux's FULL arrival, and with it its next records, no longer waits for V's copy (which
-//   state thread 0 issues only once the previous step has begun).
-// Together: the pairs 5-8% faster, the splits 1-3%, the unpaired 128-column kernel level.
-#ifndef GDNKIT_FUSED_STAGE_O64
-#define GDNKIT_FUSED_STAGE_O64 1
-#endif
-#ifndef GDNKIT_FUSED_STAGE_O_WALKS
-#define GDNKIT_FUSED_STAGE_O_WALKS 1
-#endif
-#ifndef GDNKIT_FUSED_V_WAIT_STATE
-#define GDNKIT_FUSED_V_WAIT_STATE 1
-#endif
+// Compile-time switches kept for A/B runs (scripts/gpu_check.sh's variants stage; the defaults are
+// the measured winners). Forms that lost, or that won and became the only form, are described where
+// the code now does one thing, with the measurements in docs/perf-notes.md: O staged for a TMA
+// store in every kernel, V waited for by the state warps, the 64-column kernels' K and Q copied at
+// the end of a step, P formed with A in the pairs' aux, the record's diagonal blocks two per warp,
+// the 128-column kernels' Vn by block substitution.
 // GDNKIT_FUSED_FIRST_COPIES: the order of the first copies. 0: the aux copies K, Q of chunks 0-2
 // and V of chunks 0-1 at once. 2 (default): the aux copies chunk 0's K and Q alone, and state
 // thread 0 the rest once they have landed (fused_later_first_copies), so that a CTA's first
@@ -35,48 +22,15 @@
 #ifndef GDNKIT_FUSED_FIRST_COPIES
 #define GDNKIT_FUSED_FIRST_COPIES 2
 #endif
-// GDNKIT_FUSED_KQ_FIRST: where state thread 0 issues chunk j + 2's K and Q copies in step j.
-// 0: with two state warpgroups while K S and Q S are in flight (walk_chunk's aside, after the O
-// store of chunk j - 1), with one after V's copy (which waits for that store's reads). 1: in every
-// kernel right after FULL of chunk j, before the O store and V. 2 (default): 1 in the walk-list
-// kernels and the one-warpgroup (64-column) kernels (where GDNKIT_FUSED_KQ_AT_END is off), 0 in the
-// unsplit 128-column kernel. Against 0 (docs/perf-notes.md, "Step marks; the K and Q copies ahead
-// of the O store"): the splits 2-3.5% faster, the 64-column pairs 0.5-1%; in the unsplit
-// 128-column kernel 1 was 4-7% slower.
+// GDNKIT_FUSED_KQ_FIRST: where state thread 0 of the 128-column kernels issues chunk j + 2's K
+// and Q copies in step j (the 64-column kernels copy chunk j + 3's at the end of step j).
+// 0: while K S and Q S are in flight (walk_chunk's aside, after the O store of chunk j - 1).
+// 1: right after FULL of chunk j, before the O store and V. 2 (default): 1 in the walk-list
+// kernels, 0 in the unsplit 128-column kernel. Against 0 (docs/perf-notes.md, "Step marks; the K
+// and Q copies ahead of the O store"): the splits 2-3.5% faster; in the unsplit 128-column kernel
+// 1 was 4-7% slower.
 #ifndef GDNKIT_FUSED_KQ_FIRST
 #define GDNKIT_FUSED_KQ_FIRST 2
-#endif
-// GDNKIT_FUSED_KQ_AT_END (default 1): the one-warpgroup kernels (64 columns) copy chunk j + 3's K
-// and Q at the end of step j instead, after the barrier of their warps that precedes the O store
-// (chunk j's stage is free there); the aux publishes that chunk's position with the next two
-// (F::ahead). Against KQ_FIRST's order: the 64-column pairs 1.9-2.7% faster.
-#ifndef GDNKIT_FUSED_KQ_AT_END
-#define GDNKIT_FUSED_KQ_AT_END 1
-#endif
-// GDNKIT_FUSED_P_WITH_A (default 1): where the aux forms P (kAuxP, the 64-column pairs), it does so
-// with A, from the same exponentials, Q K^T in flight with K K^T (fused_record), rather than after
-// the inverse (fused_p). Against 0 (docs/perf-notes.md, "P formed with A"): the pairs 1.5-2.7% faster.
-#ifndef GDNKIT_FUSED_P_WITH_A
-#define GDNKIT_FUSED_P_WITH_A 1
-#endif
-// GDNKIT_FUSED_DIAG_PAIRS (default 1): the record's diagonal blocks are solved by aux warps 0 and 2,
-// two blocks each (one per half warp), once warps 1 and 3 have formed their rows of A, instead of
-// one block per warp with half its lanes idle (invert_unit_lower's kDiagPairs).
-#ifndef GDNKIT_FUSED_DIAG_PAIRS
-#define GDNKIT_FUSED_DIAG_PAIRS 1
-#endif
-
-// GDNKIT_FUSED_BLOCK_SOLVE (default 1): in the unsplit 128-column kernels the record's inverse
-// stops at Mt's two 32 x 32 diagonal blocks and the walk finishes Vn by block substitution
-// (FusedSm90::kBlockSolve); 0: the whole Mt everywhere.
-#ifndef GDNKIT_FUSED_BLOCK_SOLVE
-#define GDNKIT_FUSED_BLOCK_SOLVE 1
-#endif
-// GDNKIT_FUSED_BLOCK_SOLVE_WALKS (default 1): the walk-list kernels at 128 columns (a split's stage
-// 1) solve by blocks too, spill-free since their lane constants are opaque copies (walk_opaque).
-// Against 0 (docs/perf-notes.md): the 128-column splits 0.8-1.7% faster, their errors 4-8% lower.
-#ifndef GDNKIT_FUSED_BLOCK_SOLVE_WALKS
-#define GDNKIT_FUSED_BLOCK_SOLVE_WALKS 1
 #endif
 
 namespace gdnkit::cuda {
@@ -101,16 +55,14 @@ struct FusedSm90 {
   static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
-  // kBlockSolve: the walk solves each chunk's Vn by block substitution over its two 32-token halves
-  // (GDNKIT_FUSED_BLOCK_SOLVE): the record holds Mt's two 32 x 32 diagonal blocks and, below them,
-  // -C = -(K K^T) .* D, so that the aux's inverse forms 2 of the 6 blocks left of its diagonal
+  // kBlockSolve: the walk solves each chunk's Vn by block substitution over its two 32-token halves:
+  // the record holds Mt's two 32 x 32 diagonal blocks and, below them, -C = -(K K^T) .* D, so that the aux's inverse forms 2 of the 6 blocks left of its diagonal
   // (invert_unit_lower's kHalves).
   // Only in the 128-column kernels, whose aux had set the step: unsplit 10-13.5% faster, a split's
-  // stage 1 (the walk-list kernels, unless GDNKIT_FUSED_BLOCK_SOLVE_WALKS=0) 1-2%. The 64-column
+  // stage 1 (the walk-list kernels) 0.8-1.7%, its errors 4-8% lower. The 64-column
   // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
   // two instances and 8-14% slower on a third.
-  static constexpr bool kBlockSolve =
-      GDNKIT_FUSED_BLOCK_SOLVE && DVB_ == 128 && (!kWalks_ || GDNKIT_FUSED_BLOCK_SOLVE_WALKS);
+  static constexpr bool kBlockSolve = DVB_ == 128;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
@@ -137,7 +89,7 @@ struct FusedSm90 {
   static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
   static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
   // Named barrier ids (+ stage for FULL and EMPTY); kBarP: the state warpgroups' P is in place.
-  // kBarDiag + w / 2: aux warp w + 1's rows of A are in place for warp w (w = 0, 2; GDNKIT_FUSED_DIAG_PAIRS).
+  // kBarDiag + w / 2: aux warp w + 1's rows of A are in place for warp w (w = 0, 2; the diagonal pairs).
   static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = kBarFull + kRecStages, kBarP = kBarEmpty + kRecStages;
   static constexpr int kBarDiag = kBarP + 1;
   static_assert(kBarDiag + 1 < 16, "hardware named barriers");
