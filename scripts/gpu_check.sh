@@ -8,6 +8,10 @@
 #
 #   STAGES="build test cli bench" SUITE=all bash scripts/gpu_check.sh
 #   STAGES=bench ONLY=fixed-b1-t512,fixed-b1-t16384 bash scripts/gpu_check.sh   (a few rows)
+#   STAGES="build cli test rows sanitize" FUSED_SUITES=fused SANITIZE_TOOLS="memcheck racecheck" \
+#       SANITIZE_MATCH='k128$|segments 4$|segments 32' bash scripts/gpu_check.sh
+#       (every check and every row's C++ timing in one call of about eight minutes, for a session
+#        that may get a single GPU call)
 #   PYTEST=0 skips the Python tests of the test stage; FUSED_SUITES= skips its fused-kernel runs;
 #   EMU=1 adds the emulator's tests (CPU only, minutes) to its ctest run.
 #   BUILD=build-kq1 CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DGDNKIT_FUSED_KQ_FIRST=1 STAGES="build test" ...
@@ -265,6 +269,14 @@ if has checks; then
   done
 fi
 
+if has rows; then
+  # The C++ driver alone on every row (the planner's choice; seconds, where the bench stage's
+  # Python and FLA sides take minutes): device ms, C++ host us and planning us per row.
+  timeout 300 "$BUILD/bench_gdnkit" --reps 10 >"$OUT/rows.txt" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  note "rows: rc=$rc ($(grep -c ' cuda-' "$OUT/rows.txt") timings in rows.txt)"
+fi
+
 if has bench; then
   PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} GDNKIT_COMMIT=${GDNKIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} \
     $PY bench/bench.py --suite "$SUITE" --cpp-driver "$BUILD/bench_gdnkit" --out "$OUT/bench.json" ${ONLY:+--only "$ONLY"} \
@@ -282,7 +294,7 @@ printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 if [ "${PACK_OUT:-0}" = 1 ]; then
   (
     cd "$OUT" &&
-      keep='^(summary\.txt|bench\.(json|png|txt)|[a-z]+-table\.txt)$' &&
+      keep='^(summary\.txt|rows\.txt|bench\.(json|png|txt)|[a-z]+-table\.txt)$' &&
       files=$(ls -p | grep -v / | grep -vE "$keep" | grep -v '^logs\.tar\.xz$') &&
       [ -n "$files" ] && tar -cJf logs.tar.xz $files && rm -f $files
   )
