@@ -34,9 +34,9 @@
 // R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2), P in
 // one buffer (in the record stages with kAuxP); mbarriers track the copies. Named barriers:
 // FULL[c % R] (aux arrives when chunk c's K, Q, gates and record are in place; V's mbarrier the
-// state warps wait for themselves after FULL), EMPTY[c % R] (the state
-// warps arrive when done with chunk c; the aux waits before it reuses chunk c's stages for chunk
-// c + R), P (the state warpgroups' P and tail V rows are in place, before the walk reads them).
+// state warps wait for themselves after FULL), EMPTY[c % R] (the state warps arrive when done
+// with chunk c; the aux waits before it reuses chunk c's stages for chunk c + R), P (the state
+// warpgroups' P and tail V rows are in place, before the walk reads them).
 // The aux's own barrier orders its phases.
 // The two 64-column CTAs of a walk, and the value and map CTA of a split's segment at 128 columns,
 // run as a cluster and share the records (fused_paired).
