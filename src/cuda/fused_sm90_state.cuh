@@ -215,12 +215,16 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (ot / 128) * (C * 128) +
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
-      if constexpr (!F::kAuxP)
-        fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s),
-                   reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C, p.scale, tid);
-      // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
-      gmma_smem_fence();
-      named_sync(F::kBarP, 128 * F::kStateWarpgroups);
+      const float* const p_gates = reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C;
+      if constexpr (F::kPOverlap != 1 && !F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
+      if constexpr (F::kPOverlap == 0) {
+        // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
+        gmma_smem_fence();
+        named_sync(F::kBarP, 128 * F::kStateWarpgroups);
+      } else if (nrows < C) {  // the zero V rows (P's barrier is met before P Vn: FusedPForm)
+        gmma_smem_fence();
+        named_sync(F::kBarP, 128 * F::kStateWarpgroups);
+      }
       GDNKIT_STEP_MARK(2);
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
@@ -241,15 +245,23 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       unsigned char* const o_stage = nrows == C && (!F::kWalks || (orows > 0 && !to_map))
                                          ? reinterpret_cast<unsigned char*>(F::v(smem, j % 2))
                                          : nullptr;
+      const auto walk = [&](auto& a) {
 #if GDNKIT_FUSED_PROBE_SKIP == 2
-      if (nrows > 0) aside();
-      else
+        if (nrows > 0) a();
+        else
 #endif
-      switch ((nrows + 15) / 16) {
-        case 4: walk_chunk<W, 4, true>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside, o_stage); break;
-        case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
-        case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
-        default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, aside); break;
+        switch ((nrows + 15) / 16) {
+          case 4: walk_chunk<W, 4, true>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a, o_stage); break;
+          case 3: walk_chunk<W, 3>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
+          case 2: walk_chunk<W, 2>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
+          default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
+        }
+      };
+      if constexpr (F::kPOverlap == 0) {
+        walk(aside);
+      } else {
+        FusedAside<F, decltype(aside)> fa{aside, {p, smem, s, {}}};
+        walk(fa);
       }
       if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
       o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;

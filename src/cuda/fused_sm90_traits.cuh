@@ -32,6 +32,19 @@
 #ifndef GDNKIT_FUSED_KQ_FIRST
 #define GDNKIT_FUSED_KQ_FIRST 2
 #endif
+// GDNKIT_FUSED_P_OVERLAP (the 128-column walk-list kernels) and GDNKIT_FUSED_P_OVERLAP_UNSPLIT
+// (the unsplit 128-column kernel): where the state warpgroups form P and meet its barrier
+// (FusedPForm). 0 (default): P first after FULL (Q K^T waited for alone), the P barrier, then K S
+// and Q S. 1: Q K^T issued first, then K S, P's epilogue while K S is in flight, then Q S; the P
+// barrier just before P Vn (spills 20-28 bytes). 2: P first as in 0, the barrier before P Vn.
+// Measured with 1 (docs/perf-notes.md, "P formed while K S is in flight"): the splits 1.4-4.2%
+// faster, the unsplit kernel 3-15% slower.
+#ifndef GDNKIT_FUSED_P_OVERLAP
+#define GDNKIT_FUSED_P_OVERLAP 0
+#endif
+#ifndef GDNKIT_FUSED_P_OVERLAP_UNSPLIT
+#define GDNKIT_FUSED_P_OVERLAP_UNSPLIT 0
+#endif
 
 namespace gdnkit::cuda {
 
@@ -63,6 +76,8 @@ struct FusedSm90 {
   // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
   // two instances and 8-14% slower on a third.
   static constexpr bool kBlockSolve = DVB_ == 128;
+  static constexpr int kPOverlap = DVB_ != 128 || kAuxP_ ? 0 : kWalks_ ? GDNKIT_FUSED_P_OVERLAP : GDNKIT_FUSED_P_OVERLAP_UNSPLIT;
+  static_assert(kPOverlap >= 0 && kPOverlap <= 2, "GDNKIT_FUSED_P_OVERLAP: 0 to 2");
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
