@@ -301,12 +301,13 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
 }
 
 
-// fused_p in two parts, for the 128-column kernels' GDNKIT_FUSED_P_OVERLAP (FusedSm90::kPOverlap):
-// issue() puts Q K^T on the tensor pipe as its own commit group and store() (once a wait has
-// retired it) forms and stores the warpgroup's columns of P, so that WgmmaWalk::kq_vn runs P's
-// epilogue while K S is in flight instead of before it; the walk meets the P barrier
-// (before_out) just before P Vn reads the tile. Only the accumulators and the gates' shared-memory
-// offset are held across K S (the stage's tiles come from the walk's WalkStage).
+// The 128-column kernels' P where GDNKIT_FUSED_P_OVERLAP (FusedSm90::kPOverlap) is not 0: the
+// walk's step meets the P barrier just before P Vn reads the tile (before_out), not before its
+// first product. With mode 1 fused_p also comes in two parts, issue() (Q K^T as its own commit
+// group) and store() (once a wait has retired it: the warpgroup's columns of P), which
+// WgmmaWalk::kq_vn places around K S so that P's epilogue runs while K S is in flight; mode 2
+// (the default) forms P with fused_p before the step, as mode 0 does. Only the accumulators and
+// the record stage's index are held across K S (the stage's tiles come from the walk's WalkStage).
 template <class F>
 struct FusedPForm {
   using T = typename F::T;

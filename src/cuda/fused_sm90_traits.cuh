@@ -34,16 +34,17 @@
 #endif
 // GDNKIT_FUSED_P_OVERLAP (the 128-column walk-list kernels) and GDNKIT_FUSED_P_OVERLAP_UNSPLIT
 // (the unsplit 128-column kernel): where the state warpgroups form P and meet its barrier
-// (FusedPForm). 0 (default): P first after FULL (Q K^T waited for alone), the P barrier, then K S
-// and Q S. 1: Q K^T issued first, then K S, P's epilogue while K S is in flight, then Q S; the P
-// barrier just before P Vn (spills 20-28 bytes). 2: P first as in 0, the barrier before P Vn.
-// Measured with 1 (docs/perf-notes.md, "P formed while K S is in flight"): the splits 1.4-4.2%
-// faster, the unsplit kernel 3-15% slower.
+// (FusedPForm). 0: P first after FULL (Q K^T waited for alone), the P barrier, then K S and Q S.
+// 1: Q K^T issued first, then K S, P's epilogue while K S is in flight, then Q S; the P barrier
+// just before P Vn (spills 20-28 bytes). 2 (default): P first as in 0, the barrier before P Vn.
+// Against 0 (docs/perf-notes.md, "P formed while K S is in flight"): 2 makes the splits 1.7-5.5%
+// faster and the unsplit kernel 0.9-2.5% (H200); 1 the splits alike, the unsplit kernel 3-15%
+// slower (H100).
 #ifndef GDNKIT_FUSED_P_OVERLAP
-#define GDNKIT_FUSED_P_OVERLAP 0
+#define GDNKIT_FUSED_P_OVERLAP 2
 #endif
 #ifndef GDNKIT_FUSED_P_OVERLAP_UNSPLIT
-#define GDNKIT_FUSED_P_OVERLAP_UNSPLIT 0
+#define GDNKIT_FUSED_P_OVERLAP_UNSPLIT 2
 #endif
 
 namespace gdnkit::cuda {
