@@ -37,7 +37,7 @@
 // state warps wait for themselves after FULL), EMPTY[c % R] (the state warps arrive when done
 // with chunk c; the aux waits before it reuses chunk c's stages for chunk c + R), P (the state
 // warpgroups' P and tail V rows are in place, before the walk reads them; in the
-// 128-column kernels met just before P Vn, and after FULL only by a tail chunk: FusedPForm).
+// 128-column kernels met just before P Vn, and after FULL only by a tail chunk: FusedLateP).
 // The aux's own barrier orders its phases.
 // The two 64-column CTAs of a walk, and the value and map CTA of a split's segment at 128 columns,
 // run as a cluster and share the records (fused_paired).

@@ -301,69 +301,17 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
 }
 
 
-// The 128-column kernels' P where GDNKIT_FUSED_P_OVERLAP (FusedSm90::kPOverlap) is not 0: the
-// walk's step meets the P barrier just before P Vn reads the tile (before_out), not before its
-// first product. With mode 1 fused_p also comes in two parts, issue() (Q K^T as its own commit
-// group) and store() (once a wait has retired it: the warpgroup's columns of P), which
-// WgmmaWalk::kq_vn places around K S so that P's epilogue runs while K S is in flight; mode 2
-// (the default) forms P with fused_p before the step, as mode 0 does. Only the accumulators and
-// the record stage's index are held across K S (the stage's tiles come from the walk's WalkStage).
-template <class F>
-struct FusedPForm {
-  using T = typename F::T;
-  static constexpr int NP = 64 / F::kStateWarpgroups;
-  const ChunkedParams& p;
-  const unsigned char* smem;
-  int stage;  // the chunk's record stage: its gates' G log2(e) (publish_gates) are read from there
-  float acc[NP / 2];
-
-  __device__ __forceinline__ void issue(const WalkStage<T>& S) {
-    const int wg = opaque(static_cast<int>(threadIdx.x) - 128) / 128;
-    const std::uint64_t dk = fused_kdesc(S.kq + wg * NP * 128);
-    const std::uint64_t dq = fused_kdesc(S.kq + F::Walk::k_bytes);
-    gmma_fence(acc);
-    gmma_arrive();
-#pragma unroll
-    for (int kk = 0; kk < F::DK / 16; ++kk)
-      gmma_ss<T, NP>(acc, gmma_desc_add(dq, gmma_kstep(kk, kChunk)), gmma_desc_add(dk, gmma_kstep(kk, kChunk)), kk > 0);
-    gmma_commit();
-  }
-  __device__ __forceinline__ void store(const WalkStage<T>& S) {
-    gmma_fence(acc);
-    const int t_ = opaque(static_cast<int>(threadIdx.x) - 128);
-    const int wg = t_ / 128, warp = (t_ / 32) % 4, lane = t_ % 32, g = lane / 4, t = lane % 4;
-    const int i0 = 16 * warp + g;
-    unsigned char* const P = const_cast<unsigned char*>(S.p);
-    const float* const Gs = reinterpret_cast<const float*>(smem + F::off_gates + opaque(stage) * F::gates_bytes) + kChunk;
-    const float scale = p.scale;
-    const float gi[2] = {Gs[i0], Gs[i0 + 8]};
-#pragma unroll
-    for (int n = 0; n < NP / 8; ++n) {
-      const int j = NP * wg + 8 * n + 2 * t;
-      const float2 gj = *reinterpret_cast<const float2*>(Gs + j);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int i = i0 + 8 * hh;
-        const float2 d = decay_pair(gi[hh], gj, i, j);
-        *reinterpret_cast<std::uint32_t*>(P + swizzle128(i, j / 8) + 4 * t) =
-            pack2<T>(scale * acc[4 * n + 2 * hh] * d.x, scale * acc[4 * n + 2 * hh + 1] * d.y);
-      }
-    }
-  }
-  // Both warpgroups' columns of P in place (and visible to wgmma) before P Vn.
+// walk_chunk's aside in the kernels whose state warpgroups meet the P barrier just before P Vn
+// (FusedSm90::kPBarrierLate): walk_chunk calls before_out() there, so that no state warp waits for
+// the others (or for thread 0's copies right after FULL) before its first product.
+template <class F, class Fn>
+struct FusedLateP {
+  Fn& fn;
+  __device__ __forceinline__ void operator()() { fn(); }
   __device__ __forceinline__ void before_out() const {
-    gmma_smem_fence();
+    gmma_smem_fence();  // this thread's P, for the wgmma reads of P Vn
     named_sync(F::kBarP, 128 * F::kStateWarpgroups);
   }
-};
-
-// walk_chunk's aside with a FusedPForm (WgmmaWalk::kq_vn and walk_chunk look for kPMode).
-template <class F, class Fn>
-struct FusedAside {
-  static constexpr int kPMode = F::kPOverlap;
-  Fn& fn;
-  FusedPForm<F> pf;
-  __device__ __forceinline__ void operator()() { fn(); }
 };
 
 }  // namespace gdnkit::cuda

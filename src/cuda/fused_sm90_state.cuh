@@ -216,12 +216,12 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
                                     swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
       }
       const float* const p_gates = reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C;
-      if constexpr (F::kPOverlap != 1 && !F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
-      if constexpr (F::kPOverlap == 0) {
+      if constexpr (!F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
+      if constexpr (!F::kPBarrierLate) {
         // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
         gmma_smem_fence();
         named_sync(F::kBarP, 128 * F::kStateWarpgroups);
-      } else if (nrows < C) {  // the zero V rows (P's barrier is met before P Vn: FusedPForm)
+      } else if (nrows < C) {  // the zero V rows, before make_x reads them (P's barrier: FusedLateP)
         gmma_smem_fence();
         named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       }
@@ -257,11 +257,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
         }
       };
-      if constexpr (F::kPOverlap == 0) {
+      if constexpr (!F::kPBarrierLate) {
         walk(aside);
       } else {
-        FusedAside<F, decltype(aside)> fa{aside, {p, smem, s, {}}};
-        walk(fa);
+        FusedLateP<F, decltype(aside)> late{aside};
+        walk(late);
       }
       if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
       o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;

@@ -32,19 +32,15 @@
 #ifndef GDNKIT_FUSED_KQ_FIRST
 #define GDNKIT_FUSED_KQ_FIRST 2
 #endif
-// GDNKIT_FUSED_P_OVERLAP (the 128-column walk-list kernels) and GDNKIT_FUSED_P_OVERLAP_UNSPLIT
-// (the unsplit 128-column kernel): where the state warpgroups form P and meet its barrier
-// (FusedPForm). 0: P first after FULL (Q K^T waited for alone), the P barrier, then K S and Q S.
-// 1: Q K^T issued first, then K S, P's epilogue while K S is in flight, then Q S; the P barrier
-// just before P Vn (spills 20-28 bytes). 2 (default): P first as in 0, the barrier before P Vn.
-// Against 0 (docs/perf-notes.md, "P formed while K S is in flight"): 2 makes the splits 1.7-5.5%
-// faster and the unsplit kernel 0.9-2.5% (H200); 1 the splits alike, the unsplit kernel 3-15%
-// slower (H100).
-#ifndef GDNKIT_FUSED_P_OVERLAP
-#define GDNKIT_FUSED_P_OVERLAP 2
-#endif
-#ifndef GDNKIT_FUSED_P_OVERLAP_UNSPLIT
-#define GDNKIT_FUSED_P_OVERLAP_UNSPLIT 2
+// GDNKIT_FUSED_P_BARRIER_LATE: where the 128-column kernels' state warpgroups meet the P barrier
+// (their two halves of P in place). 1 (default): just before P Vn, the tile's only reader
+// (FusedLateP); a tail chunk also meets it after FULL, once its V rows are zeroed. 0: right after P,
+// before the step's first product. Against 0 (docs/perf-notes.md, "P's barrier met before P Vn"):
+// the splits 1.7-5.5% faster, the unsplit kernel level to 2.5% faster (H200). Overlapping P's
+// epilogue with K S as well was no faster on the splits, spilled, and made the unsplit kernel
+// 3-15% slower (measured and removed).
+#ifndef GDNKIT_FUSED_P_BARRIER_LATE
+#define GDNKIT_FUSED_P_BARRIER_LATE 1
 #endif
 
 namespace gdnkit::cuda {
@@ -77,8 +73,7 @@ struct FusedSm90 {
   // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
   // two instances and 8-14% slower on a third.
   static constexpr bool kBlockSolve = DVB_ == 128;
-  static constexpr int kPOverlap = DVB_ != 128 || kAuxP_ ? 0 : kWalks_ ? GDNKIT_FUSED_P_OVERLAP : GDNKIT_FUSED_P_OVERLAP_UNSPLIT;
-  static_assert(kPOverlap >= 0 && kPOverlap <= 2, "GDNKIT_FUSED_P_OVERLAP: 0 to 2");
+  static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)

@@ -292,15 +292,6 @@ __device__ __forceinline__ void step_mark(int k) {
 struct NoAside {
   __device__ void operator()() const {}
 };
-// An aside's kPMode (the fused kernel's FusedAside: where P is formed and its barrier met,
-// GDNKIT_FUSED_P_OVERLAP), else 0: P is complete before the step begins.
-template <class Aside>
-constexpr int aside_p_mode() {
-  using A = std::remove_cvref_t<Aside>;
-  if constexpr (requires { A::kPMode; }) return A::kPMode;
-  else return 0;
-}
-
 // kStageO (the fused kernel, sm_90): where o_stage is set (full chunks), instead of storing O the
 // warp writes its 16 columns of O into the 128-byte-swizzled [64 tokens][64 columns] tile of its
 // 64-column block at o_stage (stmatrix, transposed), for a TMA store that the caller issues after
@@ -448,7 +439,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
     }
   };
   GDNKIT_STEP_MARK(10);
-  if constexpr (aside_p_mode<Aside>() != 0) aside.pf.before_out();
+  if constexpr (requires { aside.before_out(); }) aside.before_out();  // the fused kernel's FusedLateP
   W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
 }
 

@@ -273,12 +273,7 @@ struct WgmmaWalk {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&vf)[8 * NB] = flat<8 * NB>(vn);
     std::uint32_t sa[DK / 16][4];
-    // Where the aside carries a FusedPForm of mode 1 (GDNKIT_FUSED_P_OVERLAP): Q K^T first, then
-    // K S, P's epilogue while K S is in flight, then Q S (issued with K S, the epilogue's
-    // registers spilled more).
-    constexpr int kP = aside_p_mode<Aside>();
     if (!zero_state) {
-      if constexpr (kP == 1) aside.pf.issue(S);
       const std::uint64_t dk = gmma_desc(S.kq, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
@@ -289,12 +284,6 @@ struct WgmmaWalk {
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
-      if constexpr (kP == 1) {
-        gmma_commit();
-        gmma_wait<1>();  // Q K^T, the first group
-        aside.pf.store(S);
-        gmma_arrive();
-      }
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
@@ -310,12 +299,7 @@ struct WgmmaWalk {
       gmma_fence(qf);
       fence_all(sa);
     } else {
-      if constexpr (kP == 1) aside.pf.issue(S);
       aside();
-      if constexpr (kP == 1) {
-        gmma_wait<0>();
-        aside.pf.store(S);
-      }
     }
     std::uint32_t xa[NB][4];
     make_x(xa);
