@@ -300,7 +300,6 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
   }
 }
 
-
 // walk_chunk's aside in the kernels whose state warpgroups meet the P barrier just before P Vn
 // (FusedSm90::kPBarrierLate): walk_chunk calls before_out() there, so that no state warp waits for
 // the others (or for thread 0's copies right after FULL) before its first product.

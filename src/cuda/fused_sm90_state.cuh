@@ -217,11 +217,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       }
       const float* const p_gates = reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C;
       if constexpr (!F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
-      if constexpr (!F::kPBarrierLate) {
-        // The zero V rows and P, before the walk's wgmma reads them (and a later TMA copy rewrites V).
-        gmma_smem_fence();
-        named_sync(F::kBarP, 128 * F::kStateWarpgroups);
-      } else if (nrows < C) {  // the zero V rows, before make_x reads them (P's barrier: FusedLateP)
+      // The zero V rows and P, before the walk reads them (and a later TMA copy rewrites V); where
+      // kPBarrierLate, only a tail's V rows here and P just before P Vn (FusedLateP).
+      if (!F::kPBarrierLate || nrows < C) {
         gmma_smem_fence();
         named_sync(F::kBarP, 128 * F::kStateWarpgroups);
       }
