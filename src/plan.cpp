@@ -1,5 +1,9 @@
 // Host planning: metadata checks, defaults, backend choice. No kernel code here.
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <map>
 #include <climits>
 #include <cstdint>
 #include <cmath>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "common/host_stamps.h"
 #include "common/shape.h"
 #include "cpu/backend.h"
 #include "cuda/backend.h"
@@ -20,6 +25,45 @@ using detail::fail;
 using detail::Shape;
 
 namespace detail {
+
+#ifdef GDNKIT_HOST_STAMPS
+namespace {
+constexpr int kStampPoints = 8;
+using StampClock = std::chrono::steady_clock;
+StampClock::time_point stamp_at[kStampPoints];
+unsigned stamp_mask = 0;
+// Per plan: each call's microseconds from the previous point reached to each point (0: not reached).
+std::map<const void*, std::vector<std::array<double, kStampPoints>>> stamp_calls;
+}  // namespace
+void host_stamp(int point) {
+  stamp_at[point] = StampClock::now();
+  stamp_mask |= 1u << point;
+}
+void host_stamps_close(const void* plan) {
+  std::array<double, kStampPoints> d{};
+  int prev = -1;
+  for (int i = 0; i < kStampPoints; ++i) {
+    if (!(stamp_mask >> i & 1)) continue;
+    if (prev >= 0) d[i] = std::chrono::duration<double, std::micro>(stamp_at[i] - stamp_at[prev]).count();
+    prev = i;
+  }
+  stamp_mask = 0;
+  stamp_calls[plan].push_back(d);
+}
+void host_stamps_report(const void* plan, const char* kernel) {
+  const auto it = stamp_calls.find(plan);
+  if (it == stamp_calls.end()) return;
+  std::fprintf(stderr, "host stamps %s (%zu calls, median us since the previous point):", kernel, it->second.size());
+  for (int i = 1; i < kStampPoints; ++i) {
+    std::vector<double> v;
+    for (const auto& d : it->second) v.push_back(d[i]);
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    std::fprintf(stderr, " %d: %.3f", i, v[v.size() / 2]);
+  }
+  std::fprintf(stderr, "\n");
+  stamp_calls.erase(it);
+}
+#endif
 
 void fail(Error::Kind kind, const std::string& argument, const std::string& expected,
           const std::string& got) {
@@ -83,11 +127,16 @@ Shape resolve_shape(const Problem& p) {
     s.q_group = s.k_group = Hv / Hq;
     s.v_group = 1;
   } else {  // GQA: k and v heads are shared by groups of q heads
+    // Hk == Hq with fewer value heads reads as GVA with too few of them: say what GVA needs.
+    if (Hk == Hq)
+      fail(K::invalid_value, "v",
+           "a multiple of Hq=" + std::to_string(Hq) + " heads for GVA with Hk=Hq (GQA needs Hk = Hv instead)",
+           str(Hv));
+    if (Hq % Hv != 0)
+      fail(K::invalid_value, "q", "a multiple of Hv=" + std::to_string(Hv) + " heads for GQA", str(Hq));
     if (Hk != Hv)
       fail(K::invalid_value, "k",
            std::to_string(Hv) + " heads for GQA with Hv=" + std::to_string(Hv), str(Hk));
-    if (Hq % Hv != 0)
-      fail(K::invalid_value, "q", "a multiple of Hv=" + std::to_string(Hv) + " heads for GQA", str(Hq));
     s.H = Hq;
     s.q_group = 1;
     s.k_group = s.v_group = Hq / Hv;
@@ -224,7 +273,12 @@ Plan& Plan::operator=(Plan&& other) noexcept {
   std::swap(impl_, other.impl_);
   return *this;
 }
-Plan::~Plan() { delete impl_; }
+Plan::~Plan() {
+#ifdef GDNKIT_HOST_STAMPS
+  if (impl_ != nullptr) detail::host_stamps_report(impl_, kernel_name());
+#endif
+  delete impl_;
+}
 
 const Problem& Plan::problem() const noexcept { return impl_->problem; }
 Backend Plan::backend() const noexcept { return impl_->backend; }
@@ -334,6 +388,7 @@ void check_no_aliasing(const Problem& p, const Shape& s, const Tensors& t, const
 }  // namespace
 
 void Plan::run(const Tensors& t, void* workspace, std::size_t bytes, Stream stream) const {
+  GDNKIT_HOST_STAMP(0);
   const PlanImpl& P = *impl_;
   check_pointers(P.problem, t);
   check_no_aliasing(P.problem, P.shape, t, workspace, P.workspace);
@@ -342,10 +397,15 @@ void Plan::run(const Tensors& t, void* workspace, std::size_t bytes, Stream stre
          std::to_string(bytes));
   if (P.workspace > 0 && workspace == nullptr)
     fail(Error::Kind::invalid_value, "workspace", "a pointer (workspace_bytes() > 0)", "null");
+  GDNKIT_HOST_STAMP(1);
   if (P.backend == Backend::cpu)
     cpu::run(P.problem, P.shape, P.cpu, t, workspace);
   else
     cuda::run(P.problem, P.shape, P.cuda, t, workspace, stream);
+#ifdef GDNKIT_HOST_STAMPS
+  detail::host_stamp(7);
+  detail::host_stamps_close(impl_);
+#endif
 }
 
 void Plan::validate(const Tensors& t, Stream stream) const {

@@ -212,8 +212,9 @@ def chunk_gated_delta_rule(
         kernel: None lets the planner choose; a kernel name as the C++ ``Plan::kernel_name()``
             and the ``gdnkit`` CLI report it (e.g. ``"cuda-split-wgmma-bf16-k128-w8"``) requires
             that kernel: a name that is not one of the backend's kernels raises ValueError (host
-            arrays: the CPU backend's, CUDA tensors: the CUDA backend's), a CUDA kernel this GPU
-            cannot run RuntimeError. Never a silent fallback.
+            arrays: the CPU backend's, CUDA tensors: the CUDA backend's; a split's ``-cpK`` name
+            is not one: ask for a split with ``segments``), a CUDA kernel this GPU cannot run
+            RuntimeError. Never a silent fallback.
         segments: CUDA, context parallelism (C++ ``Options::segments``): None or 0 lets the planner
             split long sequences where it pays, 1 never splits, k >= 2 requires segments of about
             1/k of the longest length (``max_seq_len`` or the one ``cu_seqlens_cpu`` gives, else
@@ -227,8 +228,8 @@ def chunk_gated_delta_rule(
             the kernel (FLA's formulas in float32: q / sqrt(sum(q^2) + 1e-6) in q's dtype;
             beta = sigmoid(beta), times 2 with allow_neg_eigval; g = -exp(A_log) *
             softplus(g + dt_bias)), not fused into it yet: each costs a pass over its tensors. ``state_v_first=True`` is
-            ``state_layout="vk"``. ``cu_seqlens_cpu`` (a host copy of cu_seqlens) gives the planner
-            the longest length (``max_seq_len``). ``chunk_indices`` is accepted and not needed.
+            ``state_layout="vk"``. ``cu_seqlens_cpu`` (a host copy of cu_seqlens, only with it)
+            gives the planner the longest length (``max_seq_len``). ``chunk_indices`` is accepted and not needed.
             ``head_first=True`` and ``cp_context`` are refused (ValueError). ``chunk_size`` (16, 32
             or 64) is checked as FLA does and otherwise ignored: the kernels pick their own chunk
             size (64 tokens; 16 in the short walk for batches of short sequences), and chunk
@@ -251,8 +252,9 @@ def chunk_gated_delta_rule(
     Tensors are read in place where their layout allows: a contiguous last dim, positive token
     and head strides (views into a fused projection are fine), a 4-D ``[B, T, ...]`` tensor whose
     batch stride is T times its token stride, a C-contiguous initial_state; on CUDA also token and
-    head strides that are multiples of 8 elements and 16-byte aligned data, and dk, dv of 64 or 128
-    (the CPU backend takes any). A torch, NumPy or CuPy tensor with another layout (``x[:, :t]``
+    head strides that are multiples of 8 elements and 16-byte aligned data. (Head dims: dk, dv in
+    16..256 on the CPU backend, 64 or 128 on CUDA; others raise ValueError or RuntimeError, copied
+    or not.) A torch, NumPy or CuPy tensor with another layout (``x[:, :t]``
     of a longer batch, ``expand``-ed heads, a transposed view) is copied to a dense one first, as
     FLA's functions make every input contiguous: such a call costs the copy (other array-API
     arrays are refused by name instead). A torch input that requires grad
@@ -303,6 +305,9 @@ def chunk_gated_delta_rule(
         g = _gdn_gate(g, A_log, dt_bias)
     if state_v_first and state_layout == "kv":
         state_layout = "vk"
+    if cu_seqlens_cpu is not None and cu_seqlens is None:
+        raise ValueError("cu_seqlens_cpu: expected only with cu_seqlens (a host copy of it), "
+                         "got one without cu_seqlens")
     if cu_seqlens_cpu is not None and max_seq_len is None:
         host = _np.asarray(cu_seqlens_cpu)
         lens = _np.diff(host)
@@ -317,10 +322,13 @@ def chunk_gated_delta_rule(
                                  f"{' ...' if host.shape[0] > 8 else ''} ({host.shape[0]} entries)")
             max_seq_len = int(lens.max())
     # float32 gates and states pass by identity of their dtype (cheap); others are converted.
+    # (Objects without a dtype reach the binding, which refuses them by name.)
     f32 = _FLOAT32
-    if g is not None and g.dtype is not f32[0] and g.dtype is not f32[-1]:
+    gd = getattr(g, "dtype", None)
+    if gd is not None and gd is not f32[0] and gd is not f32[-1]:
         g = _as_float32(g)
-    if initial_state is not None and initial_state.dtype is not f32[0] and initial_state.dtype is not f32[-1]:
+    sd = getattr(initial_state, "dtype", None)
+    if sd is not None and sd is not f32[0] and sd is not f32[-1]:
         initial_state = _as_float32(initial_state)
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     torch = _sys.modules.get("torch")

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/host_stamps.h"
 #include "cuda/backend.h"
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
@@ -455,12 +456,14 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   p.lpt = c.lpt;
 
   if (c.workspace > 0) check_aligned("workspace", workspace, 256, "Plan::run's contract; cudaMalloc's alignment");
+  GDNKIT_HOST_STAMP(2);
   FusedMaps maps;
   const bool fused = c.cp_segments >= 2 || c.split->fused;
   if (fused && !call_fused_maps(c, p, problem.qkv_dtype, s.dk, &maps))
     throw Error(K::cuda, "launch",
                 std::string("launch: ") + (c.cp_segments >= 2 ? c.name.c_str() : c.kernel) +
                     " failed: the driver refused the TMA descriptors of q, k, v or o");
+  GDNKIT_HOST_STAMP(3);
   if (c.cp_segments >= 2) {
     CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
     layout.pairs = c.cp_pairs;
@@ -478,6 +481,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
                   static_cast<unsigned>(c.walk_z));
   // No chunks, no prep (the walk still writes the final state).
   const dim3 prep_grid(s.T > 0 ? static_cast<unsigned>(c.slots) : 0u, static_cast<unsigned>(s.H));
+  GDNKIT_HOST_STAMP(4);
   const cudaError_t err = fused ? launch_fused_encoded(*c.split, p, maps, grid, reinterpret_cast<cudaStream_t>(stream))
                                 : c.split->launch(p, prep_grid, grid, reinterpret_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {

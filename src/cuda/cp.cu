@@ -1,6 +1,7 @@
 // Context parallelism on one GPU: the list builder, the scan and correction kernels and the launch
 // sequence (cp.cuh describes the stages).
 #include "cuda/cp.h"
+#include "common/host_stamps.h"
 #include "cuda/pdl_launch.h"
 
 #include <algorithm>
@@ -148,7 +149,9 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   // Only the list's real entries get CTAs (cp_list_entries).
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
                 static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));
+  GDNKIT_HOST_STAMP(4);
   err = launch_fused_encoded(k1, p1, maps, g1, stream);
+  GDNKIT_HOST_STAMP(5);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
   if (cp_needs_scan(p, c, computed)) {
@@ -160,6 +163,7 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
       err = launch_after(gdn_cp_scan_kernel<64>, grid, cp_scan_threads<64>(), cp_scan_smem_bytes<64>(), stream, p,
                          seq_slots, E, M);
     if (err != cudaSuccess) return err;
+    GDNKIT_HOST_STAMP(6);
   }
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);

@@ -66,6 +66,12 @@ TEST(Errors, HeadMapping) {
   expect_plan_error(p, V, "k", {"expected 4 heads for GQA with Hv=4, got 2"});
   p.num_q_heads = 6, p.num_k_heads = 4, p.num_v_heads = 4;
   expect_plan_error(p, V, "q", {"expected a multiple of Hv=4 heads for GQA, got 6"});
+  p.num_q_heads = 3, p.num_k_heads = 2, p.num_v_heads = 2;  // q's heads checked before k's
+  expect_plan_error(p, V, "q", {"expected a multiple of Hv=2 heads for GQA, got 3"});
+  p.num_q_heads = 4, p.num_k_heads = 4, p.num_v_heads = 2;  // GVA with too few value heads
+  expect_plan_error(p, V, "v", {"expected a multiple of Hq=4 heads for GVA with Hk=Hq", "got 2"});
+  p.num_q_heads = 3, p.num_k_heads = 3, p.num_v_heads = 2;
+  expect_plan_error(p, V, "v", {"expected a multiple of Hq=3 heads for GVA", "got 2"});
   p.num_q_heads = 0;
   expect_plan_error(p, V, "q", {"expected at least 1 head, got 0"});
 }

@@ -301,6 +301,40 @@ def test_single_sequence_without_cu_seqlens(rng):
     assert_state_close(st, rs)
 
 
+@pytest.mark.parametrize("what", ["q nan", "k nan", "v inf", "g nan", "beta nan"])
+def test_non_finite_input_poisons_only_what_depends_on_it(rng, what):
+    """A NaN or inf in one token of one head (docs/math.md, "Non-finite inputs"): that head's
+    outputs from the token on (only the token's own row for q) and its final state are all
+    non-finite; the rows before the token's chunk, the other head and the other sequence are
+    bit for bit the clean run's."""
+    lengths, t, chunk0 = [200, 90], 150, 128  # the token and its chunk's first row
+    q, k, v, g, beta = make_inputs(rng, (sum(lengths),), 2, 2, 2, 32, 32)
+    h0 = rng.standard_normal((2, 2, 32, 32)).astype(np.float32)
+    cu = cu_of(lengths)
+    args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    o0, s0 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, **args)
+    assert np.all(np.isfinite(o0.astype(np.float32))) and np.all(np.isfinite(s0))
+    name, kind = what.split()
+    x = {"q": q, "k": k, "v": v, "g": g, "beta": beta}[name].copy()
+    x[t, 0] = np.nan if kind == "nan" else np.inf
+    bad = dict(q=q, k=k, v=v, g=g, beta=beta)
+    bad[name] = x
+    o, st = gdnkit.chunk_gated_delta_rule(bad["q"], bad["k"], bad["v"], bad["g"], bad["beta"], **args)
+    o, o0 = o.astype(np.float32), o0.astype(np.float32)
+    last = t + 1 if name == "q" else lengths[0]
+    assert not np.any(np.isfinite(o[t:last, 0]))
+    if name == "q":
+        np.testing.assert_array_equal(o[last:lengths[0], 0], o0[last:lengths[0], 0])
+        np.testing.assert_array_equal(st, s0)
+    else:
+        assert not np.any(np.isfinite(st[0, 0]))
+        np.testing.assert_array_equal(st[0, 1], s0[0, 1])
+        np.testing.assert_array_equal(st[1], s0[1])
+    np.testing.assert_array_equal(o[:chunk0, 0], o0[:chunk0, 0])
+    np.testing.assert_array_equal(o[:, 1], o0[:, 1])
+    np.testing.assert_array_equal(o[lengths[0]:], o0[lengths[0]:])
+
+
 def test_zero_tokens(rng):
     q, k, v, g, beta = make_inputs(rng, (0,), 2, 2, 2, 32, 32)
     h0 = rng.standard_normal((2, 2, 32, 32)).astype(np.float32)
@@ -571,6 +605,12 @@ BAD = {
                "q: expected a DLPack-capable tensor (NumPy array, torch tensor, ...), got list"),
     "q None": (_base, lambda a: a.update(q=None), TypeError, "q: expected a tensor, got None"),
     "scale str": (_base, lambda a: a.update(scale="x"), TypeError, "scale: expected a float or None, got str"),
+    "g float": (_base, lambda a: a.update(g=-0.1), TypeError,
+                "g: expected a DLPack-capable tensor (NumPy array, torch tensor, ...), got float"),
+    "g list": (_base, lambda a: a.update(g=a["g"].tolist()), TypeError,
+               "g: expected a DLPack-capable tensor (NumPy array, torch tensor, ...), got list"),
+    "initial_state list": (_base, lambda a: a.update(initial_state=np.zeros((1, 2, 32, 32)).tolist()), TypeError,
+                           "initial_state: expected a DLPack-capable tensor (NumPy array, torch tensor, ...), got list"),
     # ranks and shapes
     "q 2-D": (_base, lambda a: a.update(q=a["q"][:, 0]), ValueError,
               "q: expected 3 dims [T, H, K] or 4 dims [B, T, H, K], got 2 dims (64, 32)"),
@@ -594,6 +634,9 @@ BAD = {
                 "k: expected 2 heads for MHA with Hq=2, got 1"),
     "v heads not multiple": (_base, lambda a: a.update(v=np.concatenate([a["v"], a["v"][:, :1]], axis=1)),
                              ValueError, "v: expected a multiple of Hq=2 heads for GVA, got 3"),
+    "v heads fewer than q and k": (_base, lambda a: a.update(v=a["v"][:, :1]), ValueError,
+                                   "v: expected a multiple of Hq=2 heads for GVA with Hk=Hq (GQA needs Hk = Hv "
+                                   "instead), got 1"),
     "g heads": (_base, lambda a: a.update(g=np.concatenate([a["g"], a["g"][:, :1]], axis=1)), ValueError,
                 "g: expected H=max(Hq, Hv)=2 heads, got 3"),
     "beta heads": (_base, lambda a: a.update(beta=a["beta"][:, :1]), ValueError,
@@ -621,6 +664,9 @@ BAD = {
                                                         cu_seqlens_cpu=np.array([0, 40, 70])), ValueError,
                               "cu_seqlens_cpu: expected a host copy of cu_seqlens (3 entries, 0 first, "
                               "non-decreasing, T=64 last), got [0, 40, 70]"),
+    "cu_seqlens_cpu without cu_seqlens": (_base, lambda a: a.update(cu_seqlens_cpu=np.array([0, 64])), ValueError,
+                                          "cu_seqlens_cpu: expected only with cu_seqlens (a host copy of it), "
+                                          "got one without cu_seqlens"),
     "cu_seqlens_cpu entries": (_base, lambda a: a.update(cu_seqlens=np.array([0, 40, 64], np.int32),
                                                          cu_seqlens_cpu=np.array([0, 64])), ValueError,
                                "cu_seqlens_cpu: expected a host copy of cu_seqlens (3 entries"),

@@ -93,6 +93,37 @@ def test_against_fp64(name, lens, heads, hard):
     assert eo < 2e-2 and es < 2e-2
 
 
+@pytest.mark.parametrize("segments", [None, 2])
+@pytest.mark.parametrize("what", ["q nan", "k nan", "v inf", "g nan", "beta nan"])
+def test_non_finite_input_poisons_only_what_depends_on_it(what, segments):
+    """As the CPU test of the same name (docs/math.md, "Non-finite inputs"), on the planner's kernel
+    and on a split: one head's outputs from the poisoned token on (its own row for q) and its final
+    state are all non-finite; rows before the token's chunk, the other head and the other
+    sequence are bit for bit the clean run's."""
+    lengths, t, chunk0 = [1000, 90], 700, 640
+    q, k, v, g, beta, h0, cu = make_inputs(lengths, 2, 2, 2, 128, 128, seed=77)
+    args = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, segments=segments)
+    o0, s0 = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta, **args)
+    assert torch.isfinite(o0).all() and torch.isfinite(s0).all()
+    name, kind = what.split()
+    bad = dict(q=q, k=k, v=v, g=g, beta=beta)
+    bad[name] = bad[name].clone()
+    bad[name][t, 0] = float("nan") if kind == "nan" else float("inf")
+    o, st = gdnkit.chunk_gated_delta_rule(bad["q"], bad["k"], bad["v"], bad["g"], bad["beta"], **args)
+    torch.cuda.synchronize()
+    last = t + 1 if name == "q" else lengths[0]
+    assert not torch.isfinite(o[t:last, 0]).any()
+    if name == "q":
+        assert torch.equal(o[last:lengths[0], 0], o0[last:lengths[0], 0])
+        assert torch.equal(st, s0)
+    else:
+        assert not torch.isfinite(st[0, 0]).any()
+        assert torch.equal(st[0, 1], s0[0, 1]) and torch.equal(st[1], s0[1])
+    assert torch.equal(o[:chunk0, 0], o0[:chunk0, 0])
+    assert torch.equal(o[:, 1], o0[:, 1])
+    assert torch.equal(o[lengths[0]:], o0[lengths[0]:])
+
+
 def test_batched_and_linear_gates_and_vk():
     """[B, T, H, D] input, linear gates, vk state layout: same numbers as the packed log-space call."""
     q, k, v, g, beta, h0, cu = make_inputs([256, 256], 2, 2, 4, 128, 128, seed=3)
