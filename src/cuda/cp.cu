@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(kCpBuildThreads) gdn_cp_build_kernel(const Chu
                                                                         WalkSpan* list1, WalkSpan* list3,
                                                                         int* seq_slots) {
   __shared__ int sm[3 * kCpBuildThreads];
+  grid_dependency_wait();  // cu_seqlens may come from the kernel ahead (a programmatic launch)
   cp_build_lists<kCpBuildThreads>(p, c, list1, list3, seq_slots, sm, threadIdx.x);
 }
 
@@ -116,8 +117,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
     list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
     list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
     seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
-    gdn_cp_build_kernel<<<1, kCpBuildThreads, 0, stream>>>(p, c, list1, list3, seq_slots);
-    const cudaError_t err = cudaGetLastError();
+    const cudaError_t err = launch_after(gdn_cp_build_kernel, dim3(1), kCpBuildThreads, 0, stream, p, c, list1, list3,
+                                         seq_slots);
     if (err != cudaSuccess) return err;
   }
   auto* const E = reinterpret_cast<float*>(ws + w.states);

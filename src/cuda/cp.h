@@ -81,7 +81,7 @@ cudaError_t cp_prepare(int device);
 // cp_compute_lists holds), with cutoff > 0 the decay shortcut's stop points (cp_stop_cta), stage 1
 // on k1 (a walk-list fused kernel, opted into its shared memory, whose value-column blocks divide
 // dk: its map CTAs cover M; maps: the call's K, Q and V descriptors for it, chunked.h), the scan
-// (where cp_needs_scan) and the correction; every launch after the builder is a programmatic dependent launch (pdl.cuh).
+// (where cp_needs_scan) and the correction; every launch, the builder's too, is a programmatic dependent launch (pdl.cuh).
 // p is the call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
 // cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,

@@ -91,7 +91,9 @@ def test_drivers_stage_alternates_the_order_of_its_sides(tmp_path):
         with open(drivers / f"{name}.xz", "wb") as f:
             subprocess.run(["xz", "-c", str(script)], stdout=f, check=True)
     out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), STAGES="drivers", DRIVERS=str(drivers), AB_ROUNDS="3", PY=sys.executable)
+    # (PACK_OUT cleared: a gpu_check.sh run with PACK_OUT=1 around this test would pack drivers.txt away.)
+    env = dict(os.environ, OUT=str(out), STAGES="drivers", DRIVERS=str(drivers), AB_ROUNDS="3", PY=sys.executable,
+               PACK_OUT="0")
     script = os.path.join(HERE, "..", "..", "scripts", "gpu_check.sh")
     r = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
