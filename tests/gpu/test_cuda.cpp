@@ -1254,6 +1254,16 @@ TEST_F(Cuda, ContextParallel) {
     s.has_gate = false;
     s.layout = StateLayout::vk;
     runs.push_back({s, 5});
+    // A packed batch of many sequences (70, each in three segments of 128, 128 and 44 tokens, one
+    // of a single token and not split): 208 stage-1 walks, several waves of CTAs.
+    {
+      std::vector<std::int64_t> lens(70, 300);
+      lens[5] = 1;
+      s = cp_spec(lens, true, 128, 128, DType::bf16, 1713);
+      s.inputs = Inputs::hard;
+      s.initial_state = true;
+      runs.push_back({s, 2});
+    }
     // No final state: two segments of one sequence launch no scan; more skip the last step, also
     // in a packed batch whose lengths only the device knows.
     s = cp_spec({2048}, true, 128, 128, DType::bf16, 1710);
