@@ -9,6 +9,8 @@ namespace gdnkit::detail {
 // 3 the TMA descriptors rebased, 4 the launch parameters ready, 5 the first (fused) kernel enqueued,
 // 6 a split's scan enqueued, 7 Plan::run returning.
 void host_stamp(int point);
+void host_stamps_close(const void* plan);                     // run() returning: one call's times
+void host_stamps_report(const void* plan, const char* kernel);  // the plan destroyed: its medians
 }  // namespace gdnkit::detail
 #define GDNKIT_HOST_STAMP(point) ::gdnkit::detail::host_stamp(point)
 #else
