@@ -10,6 +10,9 @@
 //     know them: the lists are sized by upper bounds and padded with empty walks). Not launched for
 //     one sequence or sequences of one length: each kernel then computes the entries it reads from
 //     their index (cp_walk_entry, ChunkedParams::cp_seg), the same entries the builder would write.
+//     Nor for an exact split of a few sequences (cp.cu, kCpPackedMaxSeqs): stage 1 then places its
+//     own entries and writes list 3 and the table for the scan and the correction
+//     (cp_warp_packed_stage1, ChunkedParams::cp_seq_slots).
 //   Stage 1, the fused kernel over list 1: segment 0 of each split sequence from its initial
 //     state, segments 1 .. nseg_n - 1 from zero, every one writing its rows of o and its end state
 //     to E[slot_n + s] (N_s for s >= 1); the map CTAs walk the identity through the same tokens of
@@ -79,16 +82,15 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
     const std::int64_t total1 = s1[NT - 1], total3 = s3[NT - 1], totals = ss[NT - 1];
     __syncthreads();  // the totals are read before the next round overwrites them
     if (here) {
-      const auto slot = static_cast<std::int32_t>(ats);
       // The bounds hold for valid cu_seqlens; an invalid one (sequences overlapping) is kept inside
-      // the lists and slots, and the scan then skips the sequence (nseg 1).
-      const bool fits = at1 + e1 <= c.cap1 && at3 + e3 <= c.cap3 && ats + es <= c.slots;
-      seq_slots[2 * n] = slot;
-      seq_slots[2 * n + 1] = fits ? nseg : 1;
-      if (nseg == 1 && at1 < c.cap1) list1[at1] = cp_entry(n, bos, eos, c.seg, 1, slot, 0, false);
-      for (int s = 0; nseg > 1 && s < nseg && at1 + s < c.cap1 && ats + s < c.slots; ++s) {
-        list1[at1 + s] = cp_entry(n, bos, eos, c.seg, nseg, slot, s, false);
-        if (s > 0 && at3 + s - 1 < c.cap3) list3[at3 + s - 1] = cp_entry(n, bos, eos, c.seg, nseg, slot, s, true);
+      // the lists and slots (cp_placed_entry: every entry inside the lists written), and the scan
+      // then skips the sequence (nseg 1).
+      const CpPlace q{n, bos, eos, at1, at3, ats, nseg};
+      seq_slots[2 * n] = static_cast<std::int32_t>(ats);
+      seq_slots[2 * n + 1] = cp_table_segments(q, c.cap1, c.cap3, c.slots);
+      for (int s = 0; s < nseg && at1 + s < c.cap1; ++s) {
+        list1[at1 + s] = cp_placed_entry(q, c.seg, c.cap1, c.slots, s, false);
+        if (s > 0 && at3 + s - 1 < c.cap3) list3[at3 + s - 1] = cp_placed_entry(q, c.seg, c.cap1, c.slots, s, true);
       }
     }
     o1 += total1;
@@ -343,12 +345,27 @@ __host__ __device__ constexpr std::size_t cp_fix_smem_bytes() {
 // 2^-16 relative. The products pass through shared memory so that o is read and written 16 bytes
 // at a time (the CUDA backend requires o 16-byte aligned with strides of multiples of 8 elements).
 // es: cp_fix_smem_bytes<DK>().
+#ifndef GDNKIT_CP_FIX_TAIL_FIRST
+#define GDNKIT_CP_FIX_TAIL_FIRST 0
+#endif
 template <typename T, int DK>
 __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpan* list3, std::int64_t count,
                                            const float* E, const T* map_o, unsigned char* es, int tid) {
   constexpr int NC = kCpFixCols, SP = kCpFixStagePitch, TB = static_cast<int>(kCpFixTileBytes<DK>);
-  const int blocks = p.dv / NC, v0 = NC * (static_cast<int>(blockIdx.x) % blocks);
+  const int blocks = p.dv / NC;
+#if GDNKIT_CP_FIX_TAIL_FIRST
+  // The CTAs in launch order by part, the last parts first: the rows stage 1 wrote last (still in
+  // L2) are read first.
+  const unsigned parts = gridDim.x / blocks, lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned per_part = blocks * gridDim.y * gridDim.z, rem = lin % per_part;
+  const int v0 = NC * static_cast<int>(rem % blocks), part = static_cast<int>(parts - 1 - lin / per_part);
+  const int h = static_cast<int>((rem / blocks) % gridDim.y);
+  const std::int64_t z0 = rem / (blocks * gridDim.y);
+#else
+  const int v0 = NC * (static_cast<int>(blockIdx.x) % blocks);
   const int part = static_cast<int>(blockIdx.x) / blocks, h = blockIdx.y;
+  const std::int64_t z0 = blockIdx.z;
+#endif
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   unsigned char* const hi = es + ((kSwizzleAtomBytes - (smem_addr(es) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
   unsigned char* const lo = hi + TB;
@@ -357,7 +374,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
   // B's k-step kk (16 product keys) of the hi or lo tile: column block kk / 4, 32 bytes per step.
   const std::uint64_t dhi = gmma_desc(hi, 16, 1024), dlo = gmma_desc(lo, 16, 1024);
   grid_dependency_wait();
-  for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
+  for (std::int64_t i = z0; i < count; i += gridDim.z) {
     const WalkSpan w = cp_walk_entry(p, list3, i, true);
     // Rows past the map walk's end (the decay shortcut) have no map_o and no correction.
     const int wend = w.map < 0 || p.map_end == nullptr
