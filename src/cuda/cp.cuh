@@ -345,27 +345,12 @@ __host__ __device__ constexpr std::size_t cp_fix_smem_bytes() {
 // 2^-16 relative. The products pass through shared memory so that o is read and written 16 bytes
 // at a time (the CUDA backend requires o 16-byte aligned with strides of multiples of 8 elements).
 // es: cp_fix_smem_bytes<DK>().
-#ifndef GDNKIT_CP_FIX_TAIL_FIRST
-#define GDNKIT_CP_FIX_TAIL_FIRST 0
-#endif
 template <typename T, int DK>
 __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpan* list3, std::int64_t count,
                                            const float* E, const T* map_o, unsigned char* es, int tid) {
   constexpr int NC = kCpFixCols, SP = kCpFixStagePitch, TB = static_cast<int>(kCpFixTileBytes<DK>);
-  const int blocks = p.dv / NC;
-#if GDNKIT_CP_FIX_TAIL_FIRST
-  // The CTAs in launch order by part, the last parts first: the rows stage 1 wrote last (still in
-  // L2) are read first.
-  const unsigned parts = gridDim.x / blocks, lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const unsigned per_part = blocks * gridDim.y * gridDim.z, rem = lin % per_part;
-  const int v0 = NC * static_cast<int>(rem % blocks), part = static_cast<int>(parts - 1 - lin / per_part);
-  const int h = static_cast<int>((rem / blocks) % gridDim.y);
-  const std::int64_t z0 = rem / (blocks * gridDim.y);
-#else
-  const int v0 = NC * (static_cast<int>(blockIdx.x) % blocks);
+  const int blocks = p.dv / NC, v0 = NC * (static_cast<int>(blockIdx.x) % blocks);
   const int part = static_cast<int>(blockIdx.x) / blocks, h = blockIdx.y;
-  const std::int64_t z0 = blockIdx.z;
-#endif
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   unsigned char* const hi = es + ((kSwizzleAtomBytes - (smem_addr(es) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
   unsigned char* const lo = hi + TB;
@@ -374,7 +359,7 @@ __device__ __forceinline__ void cp_fix_cta(const ChunkedParams& p, const WalkSpa
   // B's k-step kk (16 product keys) of the hi or lo tile: column block kk / 4, 32 bytes per step.
   const std::uint64_t dhi = gmma_desc(hi, 16, 1024), dlo = gmma_desc(lo, 16, 1024);
   grid_dependency_wait();
-  for (std::int64_t i = z0; i < count; i += gridDim.z) {
+  for (std::int64_t i = blockIdx.z; i < count; i += gridDim.z) {
     const WalkSpan w = cp_walk_entry(p, list3, i, true);
     // Rows past the map walk's end (the decay shortcut) have no map_o and no correction.
     const int wend = w.map < 0 || p.map_end == nullptr
