@@ -160,10 +160,10 @@ KernelInfo prepare_kernel(int device, const SplitKernel& k) {
   if (!e.prepared) {
     check(cudaFuncSetAttribute(k.walk_func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.walk_smem)),
           "cudaFuncSetAttribute");
-    if (k.paired_func != nullptr)
-      check(cudaFuncSetAttribute(k.paired_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(k.walk_smem)),
-            "cudaFuncSetAttribute");
+    for (const void* f : {k.paired_func, k.packed_func})
+      if (f != nullptr)
+        check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.walk_smem)),
+              "cudaFuncSetAttribute");
     if (k.prep_func != nullptr)
       check(cudaFuncSetAttribute(k.prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(k.prep_smem)),

@@ -140,6 +140,91 @@ __device__ __forceinline__ WalkSpan cp_walk_entry(const ChunkedParams& p, const 
   return cp_entry(n, bos, eos, p.cp_seg, nseg, static_cast<int>(n * p.cp_per_seq), s, fix);
 }
 
+// Where a split's lists place sequence n (cp.cuh): its list-1 entries from at1 (nseg of them), its
+// list-3 entries from at3 = at1 - n (nseg - 1), its E and M slots from ats (nseg where it is split,
+// else none), each an exclusive prefix sum over the sequences before it.
+struct CpPlace {
+  std::int64_t n, bos, eos, at1, at3, ats;
+  int nseg;
+};
+// Segment s's entry in list 1 (fix false) or list 3 (fix true, s >= 1) of a split of seg-token
+// segments whose list 1 has cap1 entries and whose E and M have `slots` slots. The bounds hold for
+// valid cu_seqlens; on an invalid one (sequences overlapping) a segment whose list-1 place or slot
+// falls outside gets an empty entry, so that every entry inside the lists is written and names
+// slots inside E and M (list 3's places are inside whenever list 1's are: at3 + s - 1 < cap3
+// implies at1 + s < cap1 and, with at most min(N, cap3) split sequences, ats + s < slots).
+__device__ __forceinline__ WalkSpan cp_placed_entry(const CpPlace& q, int seg, std::int64_t cap1, std::int64_t slots,
+                                                    int s, bool fix) {
+  if (q.at1 + s >= cap1 || (q.nseg > 1 && q.ats + s >= slots)) return cp_empty_entry();
+  return cp_entry(q.n, q.bos, q.eos, seg, q.nseg, static_cast<int>(q.ats), s, fix);
+}
+// Sequence n's segment count in the table the scan reads (seq_slots[2 n + 1]): nseg where all its
+// entries and slots fit, else 1 (the scan skips it).
+__device__ __forceinline__ int cp_table_segments(const CpPlace& q, std::int64_t cap1, std::int64_t cap3,
+                                                 std::int64_t slots) {
+  const bool fits =
+      q.at1 + q.nseg <= cap1 && q.at3 + q.nseg - 1 <= cap3 && q.ats + (q.nseg > 1 ? q.nseg : 0) <= slots;
+  return fits ? q.nseg : 1;
+}
+
+// Stage 1 of a packed split without the list builder (ChunkedParams::cp_seq_slots; the walk-list
+// kernels' packed instantiation), by one warp of each CTA: the CTA's list-1 entries blockIdx.z +
+// k gridDim.z (k < kCtaWalks, below num_walks) into mine[k], placed exactly as cp_build_lists
+// places them: the sequences 32 per round, their counts summed by warp scans. The CTAs of head 0's
+// first column block also write the list-3 entry that belongs beside each of theirs (list-1 entry
+// i of sequence n beside list-3 entry i - n - 1; list-1 padding i beside list-3 padding i - N, as
+// cap1 = N + cap3), and CTA (0, 0, 0) the table seq_slots. Every CTA reads all of cu_seqlens: for
+// few sequences (cp.cu, kCpPackedMaxSeqs).
+__device__ __forceinline__ void cp_warp_packed_stage1(const ChunkedParams& p, WalkSpan* mine, int lane) {
+  const std::int64_t z = blockIdx.z, gz = gridDim.z, cap1 = p.num_walks, cap3 = p.cp_cap3, slots = p.cp_slots;
+  const int seg = p.cp_packed_seg;
+  const bool side = blockIdx.x == 0 && blockIdx.y == 0;  // writes list 3
+  const std::int64_t ks = z < cap1 ? (cap1 - z + gz - 1) / gz : 0;
+  const int count = ks < kCtaWalks ? static_cast<int>(ks) : kCtaWalks;  // the CTA's entries
+  for (int k = lane; k < count; k += 32) mine[k] = cp_empty_entry();
+  __syncwarp();
+  std::int64_t o1 = 0, os = 0;  // list-1 entries and slots placed so far
+  for (std::int64_t base = 0; base < p.num_seqs; base += 32) {
+    CpPlace q;
+    q.n = base + lane;
+    q.bos = q.eos = 0;
+    const bool here = q.n < p.num_seqs;
+    if (here) seq_range(p, q.n, q.bos, q.eos);
+    q.nseg = here ? cp_segments(q.eos - q.bos, seg) : 0;
+    const int es = q.nseg > 1 ? q.nseg : 0;
+    int s1 = q.nseg, ss = es;  // inclusive scans over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int a = __shfl_up_sync(0xffffffffu, s1, d), b = __shfl_up_sync(0xffffffffu, ss, d);
+      if (lane >= d) s1 += a, ss += b;
+    }
+    q.at1 = o1 + s1 - q.nseg;
+    q.ats = os + ss - es;
+    q.at3 = q.at1 - q.n;
+    if (here) {
+      if (side && z == 0) {
+        p.cp_seq_slots[2 * q.n] = static_cast<int>(q.ats);
+        p.cp_seq_slots[2 * q.n + 1] = cp_table_segments(q, cap1, cap3, slots);
+      }
+      // The CTA's entries among the sequence's [at1, at1 + nseg).
+      const std::int64_t from = q.at1 > z ? q.at1 : z;
+      for (std::int64_t k = (from - z + gz - 1) / gz; k < count; ++k) {
+        const std::int64_t i = z + k * gz;
+        if (i >= q.at1 + q.nseg) break;
+        const int s = static_cast<int>(i - q.at1);
+        mine[k] = cp_placed_entry(q, seg, cap1, slots, s, false);
+        if (side && s > 0 && q.at3 + s - 1 < cap3) p.cp_list3[q.at3 + s - 1] = cp_placed_entry(q, seg, cap1, slots, s, true);
+      }
+    }
+    o1 += __shfl_sync(0xffffffffu, s1, 31);
+    os += __shfl_sync(0xffffffffu, ss, 31);
+  }
+  for (int k = lane; side && k < count; k += 32) {
+    const std::int64_t i = z + k * gz;
+    if (i >= o1) p.cp_list3[i - p.num_seqs] = cp_empty_entry();  // i - N < cap1 - N = cap3
+  }
+}
+
 // First workspace slot of sequence n (its chunk j uses slot + j).
 __device__ __forceinline__ std::int64_t first_slot(std::int64_t bos, std::int64_t n) { return bos / kChunk + n; }
 

@@ -185,6 +185,17 @@ struct ChunkedParams {
 
   // The per-chunk records (kRecBytes each, index slot * num_heads + h).
   unsigned char* ws = nullptr;
+
+  // A packed split's stage 1 that places the lists' entries itself instead of the list builder
+  // (cp.cu; the walk-list kernels' packed instantiation, chunk_io.cuh cp_warp_packed_stage1): set
+  // (cp_seq_slots non-null) only in its parameters, with walks null and num_walks = list 1's
+  // length. Its CTAs of head 0's first column block also write list 3 (cp_cap3 entries) and its
+  // first CTA the per-sequence table, which the scan and the correction then read as the
+  // builder's. Segments of cp_packed_seg tokens, cp_slots E and M slots. (At the end, where
+  // FusedParams has room before its descriptors: the other kernels' code is unchanged.)
+  WalkSpan* cp_list3 = nullptr;
+  int* cp_seq_slots = nullptr;
+  int cp_packed_seg = 0, cp_cap3 = 0, cp_slots = 0;
 };
 
 constexpr int kBetaF32 = 0, kBetaBF16 = 1, kBetaF16 = 2;
@@ -294,6 +305,9 @@ struct SplitKernel {
   // rather than with the whole inverse: kernels that differ in it agree within rounding, not bit
   // for bit.
   bool block_solve = false;
+  // A walk-list kernel's instantiation for a packed split's stage 1 that places its own entries
+  // (ChunkedParams::cp_seq_slots set), with the same threads and walk_smem; else nullptr.
+  const void* packed_func = nullptr;
 };
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.

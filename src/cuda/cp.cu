@@ -113,10 +113,14 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   WalkSpan* list3 = nullptr;
   int* seq_slots = nullptr;
   const bool computed = cp_compute_lists(p, c);
+  // Few sequences, exact: stage 1 places the entries (cp_warp_packed_stage1), a launch less.
+  const bool packed = !computed && cutoff <= 0.0f && p.num_seqs <= kCpPackedMaxSeqs && k1.packed_func != nullptr;
   if (!computed) {
     list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
     list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
     seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
+  }
+  if (!computed && !packed) {
     const cudaError_t err = launch_after(gdn_cp_build_kernel, dim3(1), kCpBuildThreads, 0, stream, p, c, list1, list3,
                                          seq_slots);
     if (err != cudaSuccess) return err;
@@ -147,6 +151,14 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   p1.map_o_token = static_cast<std::int64_t>(p.num_heads) * dk;
   p1.value_blocks = p.dv / dvb1;
   p1.cp_pairs = c.pairs && dvb1 == 128 && p.dv == 128 && dk == 128 && p.map_end == nullptr;
+  if (packed) {
+    p1.walks = nullptr;
+    p1.cp_list3 = list3;
+    p1.cp_seq_slots = seq_slots;
+    p1.cp_packed_seg = c.seg;
+    p1.cp_cap3 = static_cast<int>(c.cap3);  // below cap1 <= kCtaWalks x 65535 (the planner's bound)
+    p1.cp_slots = static_cast<int>(c.slots);
+  }
   // Only the list's real entries get CTAs (cp_list_entries).
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
                 static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));

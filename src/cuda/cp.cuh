@@ -10,6 +10,9 @@
 //     know them: the lists are sized by upper bounds and padded with empty walks). Not launched for
 //     one sequence or sequences of one length: each kernel then computes the entries it reads from
 //     their index (cp_walk_entry, ChunkedParams::cp_seg), the same entries the builder would write.
+//     Nor for an exact split of a few sequences (cp.cu, kCpPackedMaxSeqs): stage 1 then places its
+//     own entries and writes list 3 and the table for the scan and the correction
+//     (cp_warp_packed_stage1, ChunkedParams::cp_seq_slots).
 //   Stage 1, the fused kernel over list 1: segment 0 of each split sequence from its initial
 //     state, segments 1 .. nseg_n - 1 from zero, every one writing its rows of o and its end state
 //     to E[slot_n + s] (N_s for s >= 1); the map CTAs walk the identity through the same tokens of
@@ -79,16 +82,15 @@ __device__ __forceinline__ void cp_build_lists(const ChunkedParams& p, const CpL
     const std::int64_t total1 = s1[NT - 1], total3 = s3[NT - 1], totals = ss[NT - 1];
     __syncthreads();  // the totals are read before the next round overwrites them
     if (here) {
-      const auto slot = static_cast<std::int32_t>(ats);
       // The bounds hold for valid cu_seqlens; an invalid one (sequences overlapping) is kept inside
-      // the lists and slots, and the scan then skips the sequence (nseg 1).
-      const bool fits = at1 + e1 <= c.cap1 && at3 + e3 <= c.cap3 && ats + es <= c.slots;
-      seq_slots[2 * n] = slot;
-      seq_slots[2 * n + 1] = fits ? nseg : 1;
-      if (nseg == 1 && at1 < c.cap1) list1[at1] = cp_entry(n, bos, eos, c.seg, 1, slot, 0, false);
-      for (int s = 0; nseg > 1 && s < nseg && at1 + s < c.cap1 && ats + s < c.slots; ++s) {
-        list1[at1 + s] = cp_entry(n, bos, eos, c.seg, nseg, slot, s, false);
-        if (s > 0 && at3 + s - 1 < c.cap3) list3[at3 + s - 1] = cp_entry(n, bos, eos, c.seg, nseg, slot, s, true);
+      // the lists and slots (cp_placed_entry: every entry inside the lists written), and the scan
+      // then skips the sequence (nseg 1).
+      const CpPlace q{n, bos, eos, at1, at3, ats, nseg};
+      seq_slots[2 * n] = static_cast<std::int32_t>(ats);
+      seq_slots[2 * n + 1] = cp_table_segments(q, c.cap1, c.cap3, c.slots);
+      for (int s = 0; s < nseg && at1 + s < c.cap1; ++s) {
+        list1[at1 + s] = cp_placed_entry(q, c.seg, c.cap1, c.slots, s, false);
+        if (s > 0 && at3 + s - 1 < c.cap3) list3[at3 + s - 1] = cp_placed_entry(q, c.seg, c.cap1, c.slots, s, true);
       }
     }
     o1 += total1;

@@ -26,6 +26,11 @@ struct CpLayout {
   }
 };
 
+// Sequences up to which an exact packed split's stage 1 places its own list entries instead of
+// the list builder (launch_cp; each of its CTAs reads the whole of cu_seqlens, 32 sequences per
+// round of warp shuffles).
+constexpr std::int64_t kCpPackedMaxSeqs = 64;
+
 // One sequence, or sequences of one length (no cu_seqlens): every entry of the split's lists is then
 // a function of its index, and this sets p.cp_seg and p.cp_per_seq so that the kernels compute
 // the entries they read (cp.cuh, cp_walk_entry) and returns true; the lists are not built (a launch
@@ -78,7 +83,8 @@ CpWorkspace cp_workspace(const CpLayout& c, std::int64_t seqs, std::int64_t toke
 cudaError_t cp_prepare(int device);
 
 // Enqueues the launches on stream (no host synchronisation): the list builder (not where
-// cp_compute_lists holds), with cutoff > 0 the decay shortcut's stop points (cp_stop_cta), stage 1
+// cp_compute_lists holds, nor for an exact split of at most kCpPackedMaxSeqs sequences, whose
+// stage 1 places the entries), with cutoff > 0 the decay shortcut's stop points (cp_stop_cta), stage 1
 // on k1 (a walk-list fused kernel, opted into its shared memory, whose value-column blocks divide
 // dk: its map CTAs cover M; maps: the call's K, Q and V descriptors for it, chunked.h), the scan
 // (where cp_needs_scan) and the correction; every launch, the builder's too, is a programmatic dependent launch (pdl.cuh).

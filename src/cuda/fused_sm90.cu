@@ -171,7 +171,8 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      true,
                      has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr,
                      false,
-                     F::kBlockSolve};
+                     F::kBlockSolve,
+                     kWalks ? reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, true, false, true>) : nullptr};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per
@@ -246,9 +247,12 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
 #endif
   void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(k.warps, p, grid);
+  const void* const func = p.cp_seq_slots != nullptr                   ? k.packed_func
+                           : cluster == 2 && k.paired_func != nullptr ? k.paired_func
+                                                                       : k.walk_func;
+  if (func == nullptr) return cudaErrorInvalidValue;  // placing entries needs a walk-list kernel
   const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, true, cluster);
-  return cudaLaunchKernelExC(&launch.config, cluster == 2 && k.paired_func != nullptr ? k.paired_func : k.walk_func,
-                             args);
+  return cudaLaunchKernelExC(&launch.config, func, args);
 }
 
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }

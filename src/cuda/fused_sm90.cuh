@@ -62,7 +62,9 @@ namespace gdnkit::cuda {
 // One CTA: its barriers and the record tiles' zeros (overlapping the previous kernel, PDL), its
 // walk-list entries or longest-first order into shared memory, then the two roles (aux: threads
 // 0-127, fused_aux; state: the rest, fused_state), registers moved between them by setmaxnreg.
-template <class F>
+// kPacked (walk-list kernels only): a packed split's stage 1 that places its own entries
+// (cp_warp_packed_stage1) instead of reading the builder's list.
+template <class F, bool kPacked = false>
 __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* const smem =
@@ -99,7 +101,10 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   // ahead of it on the stream still runs. The barriers, the descriptor prefetches and the zeros
   // above overlap it; nothing in global memory is read or written before this wait.
   grid_dependency_wait();
-  if constexpr (F::kWalks) {
+  static_assert(F::kWalks || !kPacked, "only a walk list is placed");
+  if constexpr (kPacked) {
+    if (tid < 32) cp_warp_packed_stage1(fp.p, reinterpret_cast<WalkSpan*>(order), tid);
+  } else if constexpr (F::kWalks) {
     // The CTA's entries, into shared memory (walk_entry) before the barrier below.
     if (tid < kCtaWalks) {
       const std::int64_t i = blockIdx.z + static_cast<std::int64_t>(tid) * gridDim.z;
@@ -151,13 +156,13 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
 
 // grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a
 // hold only a trap (the planner never picks the kernel there).
-template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false>
+template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false, bool kPacked = false>
 __global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks, kAuxP>::kThreads, 1)
     gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();
 #else
-  fused_cta<FusedSm90<T, DK, DVB, kWalks, kAuxP>>(fp);
+  fused_cta<FusedSm90<T, DK, DVB, kWalks, kAuxP>, kPacked>(fp);
 #endif
 }
 

@@ -96,7 +96,8 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
 
 // The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace. (The emulator runs each
 // CTA alone, as a cluster of one: a kAuxP instantiation's aux then forms every record and P.)
-template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false>
+// kPacked: a packed split's stage 1 that places its own entries (ChunkedParams::cp_seq_slots).
+template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false, bool kPacked = false>
 void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   using F = cuda::FusedSm90<T, DK, DVB, kWalks, kAuxP>;
   static_assert(F::smem_bytes <= sizeof(cuda::smem_raw));
@@ -104,7 +105,7 @@ void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   cuda::FusedParams fp;
   const bool encoded = cuda::make_fused_params<T, DK>(p, &fp);
   ASSERT_TRUE(encoded);
-  run_grid(grid, F::kThreads, [&] { cuda::fused_cta<F>(fp); });
+  run_grid(grid, F::kThreads, [&] { cuda::fused_cta<F, kPacked>(fp); });
   EXPECT_TRUE(cuda::g_tma_pending.empty()) << "TMA copies nobody waited for";
   cuda::g_tma_pending.clear();
   EXPECT_EQ(cuda::g_bulk_unperformed.load(), 0) << "TMA stores nobody waited for";
@@ -714,15 +715,73 @@ TEST(Emulated, FusedWalkList) {
   }
 }
 
+bool same_entry(const cuda::WalkSpan& a, const cuda::WalkSpan& b) {
+  return a.seq == b.seq && a.begin == b.begin && a.end == b.end && a.state_in == b.state_in && a.last == b.last &&
+         a.state_out == b.state_out && a.map == b.map && a.out == b.out;
+}
+// An entry no kernel writes: a walk past any T, from a slot past any workspace.
+cuda::WalkSpan poison_entry() {
+  cuda::WalkSpan w;
+  w.seq = -99;
+  w.begin = 1 << 29;
+  w.end = (1 << 29) + 64;
+  w.state_in = w.state_out = w.map = 1 << 28;
+  return w;
+}
+
+// A packed split's stage-1 placement (cp_warp_packed_stage1) in every CTA of a grid of gz CTAs in z
+// (the warp of head 0's first column block, which also writes list 3 and, in z = 0, the table):
+// every entry a CTA places, list 3 and the table are the builder's (list1, list3, seq_slots), and
+// the CTAs of other heads write nothing else.
+void check_packed_entries(cuda::ChunkedParams p, const cuda::CpLayout& layout, unsigned gz,
+                          const std::vector<cuda::WalkSpan>& list1, const std::vector<cuda::WalkSpan>& list3,
+                          const std::vector<int>& seq_slots) {
+  std::vector<cuda::WalkSpan> l3(list3.size() + 2, poison_entry());
+  std::vector<int> slots(seq_slots.size() + 2, -7);
+  p.num_walks = layout.cap1;
+  p.cp_list3 = l3.data();
+  p.cp_seq_slots = slots.data();
+  p.cp_packed_seg = layout.seg;
+  p.cp_cap3 = static_cast<int>(layout.cap3);
+  p.cp_slots = static_cast<int>(layout.slots);
+  std::vector<cuda::WalkSpan> mine(static_cast<std::size_t>(gz) * cuda::kCtaWalks, poison_entry());
+  for (const unsigned y : {1u, 0u}) {  // head 1 first: list 3 and the table must stay poisoned
+    run_grid(dim3(1, 1, gz), 32, [&] {
+      blockIdx.y = y;
+      cuda::cp_warp_packed_stage1(p, mine.data() + blockIdx.z * cuda::kCtaWalks, static_cast<int>(threadIdx.x));
+    });
+    if (y == 1) {
+      for (std::size_t i = 0; i < l3.size(); ++i) ASSERT_EQ(l3[i].seq, -99) << "list 3 written by head 1, " << i;
+      for (std::size_t i = 0; i < slots.size(); ++i) ASSERT_EQ(slots[i], -7) << "table written by head 1, " << i;
+    }
+  }
+  for (std::int64_t i = 0; i < layout.cap1; ++i) {
+    const std::size_t at = static_cast<std::size_t>(i % gz) * cuda::kCtaWalks + static_cast<std::size_t>(i / gz);
+    ASSERT_TRUE(same_entry(mine[at], list1[static_cast<std::size_t>(i)])) << "list 1, " << i << " (grid z " << gz << ")";
+  }
+  for (std::size_t i = 0; i < l3.size(); ++i)
+    if (i < list3.size()) {
+      ASSERT_TRUE(same_entry(l3[i], list3[i])) << "list 3, " << i << " (grid z " << gz << ")";
+    } else {
+      ASSERT_EQ(l3[i].seq, -99) << "list 3 written past its end at " << i;
+    }
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    ASSERT_EQ(slots[i], i < seq_slots.size() ? seq_slots[i] : -7) << "table, " << i << " (grid z " << gz << ")";
+}
+
 // Context parallelism (cp.cuh): the lists built from the lengths, stage 1 with its map CTAs, the
 // scan and the correction, as cp.cu launches them, against the fp64 oracle; the segment counts
 // cover one scan step (2) and several, short last segments, a segment of one chunk, and in a
 // packed batch sequences that are not split at all (shorter than a segment, empty).
 // With cutoff > 0, the decay shortcut (cp_stop_cta first); E_out and map_end_out receive E (after
 // the scan) and the stop points.
+// With packed (a packed batch, exact), stage 1 places its own entries and writes list 3 and the
+// table, as launch_cp runs it for a few sequences: every entry it places, list 3 and the table are
+// checked against the builder's (check_packed_entries, and again after the emulated stage 1),
+// and the scan and the correction then read what stage 1 wrote.
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
-                std::vector<int>* map_end_out = nullptr) {
+                std::vector<int>* map_end_out = nullptr, bool packed = false) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
@@ -737,10 +796,7 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   // One sequence, or sequences of one length: the kernels compute the entries (launch_cp does the
   // same), and the computed entries are the builder's.
   const bool computed = cuda::cp_compute_lists(p, layout);
-  auto same = [](const cuda::WalkSpan& a, const cuda::WalkSpan& b) {
-    return a.seq == b.seq && a.begin == b.begin && a.end == b.end && a.state_in == b.state_in && a.last == b.last &&
-           a.state_out == b.state_out && a.map == b.map && a.out == b.out;
-  };
+  const auto same = same_entry;
   for (std::int64_t i = 0; computed && i < layout.cap1; ++i)
     ASSERT_TRUE(same(cuda::cp_walk_entry(p, nullptr, i, false), list1[static_cast<std::size_t>(i)])) << "list 1, " << i;
   for (std::int64_t i = 0; computed && i < layout.cap3; ++i)
@@ -777,9 +833,15 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
       }
     }
   }
+  packed = packed && !computed && cutoff <= 0.0f;
+  // The packed stage 1's list 3 and table, poisoned: it must write every entry.
+  std::vector<cuda::WalkSpan> packed3(list3.size(), poison_entry());
+  std::vector<int> packed_slots(seq_slots.size(), -7);
+  const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
+  if (packed) check_packed_entries(p, layout, z1, list1, list3, seq_slots);
   const cuda::WalkSpan* const l1 = computed ? nullptr : list1.data();
-  const cuda::WalkSpan* const l3 = computed ? nullptr : list3.data();
-  const int* const slots_in = computed ? nullptr : seq_slots.data();
+  const cuda::WalkSpan* const l3 = computed ? nullptr : packed ? packed3.data() : list3.data();
+  const int* const slots_in = computed ? nullptr : packed ? packed_slots.data() : seq_slots.data();
   // Stage 1 walks every token once, writing o; a token after a sequence's first segment is
   // corrected once; an unsplit sequence's final state comes from its walk, a split one's from the
   // scan.
@@ -809,7 +871,6 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   const std::size_t map_o_size = static_cast<std::size_t>((s.T + 16) * s.H * s.dk), kGuard = 4096;
   std::vector<T> map_o(map_o_size + kGuard);
   std::fill(map_o.begin(), map_o.end(), T{test::kNaN16});
-  const unsigned z1 = static_cast<unsigned>(std::min<std::int64_t>(layout.cap1, 3));  // several walks per CTA
   std::vector<int> map_end(std::max<std::size_t>(slots, 1) * 2, -1);
   if (cutoff > 0.0f && layout.cap3 > 0) {
     static float ssm[257];
@@ -828,9 +889,23 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   p1.map_o = map_o.data();
   p1.map_o_token = static_cast<std::int64_t>(s.H) * s.dk;
   p1.value_blocks = s.dv / dvb1;
+  if (packed) {
+    p1.walks = nullptr;
+    p1.cp_list3 = packed3.data();
+    p1.cp_seq_slots = packed_slots.data();
+    p1.cp_packed_seg = seg;
+    p1.cp_cap3 = static_cast<int>(layout.cap3);
+    p1.cp_slots = static_cast<int>(layout.slots);
+  }
   const dim3 g1(static_cast<unsigned>(s.dv / dvb1 + s.dk / dvb1), static_cast<unsigned>(s.H), z1);
-  if (dvb1 == 128) emulate_fused<T, DK, 128, true>(p1, g1);
+  if (packed && dvb1 == 128) emulate_fused<T, DK, 128, true, false, true>(p1, g1);
+  else if (packed) emulate_fused<T, DK, 64, true, false, true>(p1, g1);
+  else if (dvb1 == 128) emulate_fused<T, DK, 128, true>(p1, g1);
   else emulate_fused<T, DK, 64, true>(p1, g1);
+  if (packed) {
+    for (std::size_t i = 0; i < list3.size(); ++i) ASSERT_TRUE(same_entry(packed3[i], list3[i])) << "list 3, " << i;
+    ASSERT_EQ(packed_slots, seq_slots);
+  }
   if (layout.cap3 == 0) return;
 
   static_assert(cuda::cp_scan_smem_bytes<128>() <= sizeof(cuda::smem_raw));
@@ -863,6 +938,7 @@ TEST(Emulated, ContextParallel) {
     test::Inputs inputs;
     bool gate;
     bool final_state = true;  // without it the scan skips its last step (and the launch, below)
+    bool packed = false;      // stage 1 places its own entries (no builder; emulate_cp)
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -882,6 +958,9 @@ TEST(Emulated, ContextParallel) {
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::kv, hard, true, false},  // packed
       // Reset-style gates (-inf, -1e30, ...) inside segments: the maps and the scan see the floor.
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, test::Inputs::resets, true},
+      // Packed batches whose stage 1 places the entries (launch_cp for a few sequences).
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true, true, true},
+      {{130, 300, 5}, true, 128, 128, 64, 2, false, false, StateLayout::kv, hard, true, false, true},
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -903,8 +982,8 @@ TEST(Emulated, ContextParallel) {
     SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1));
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
-    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z);
-    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z);
+    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed);
+    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed);
     expect_bf16_within(c, ref);
   }
 }
@@ -992,47 +1071,60 @@ TEST(Emulated, ContextParallelDecayCut) {
 }
 
 // The split's list builder on cu_seqlens that the run does not check (decreasing, past T): every
-// entry stays inside the lists, the token range and the slots (guard entries after each list).
+// entry inside the lists is written (they start poisoned) and stays inside the token range and
+// the slots, nothing is written past them (guard entries after each list), and a packed split's
+// stage 1 places the same entries (check_packed_entries). In the second batch the sequences
+// overlap, so that their slots run out before their list-1 places: the entries there are empty.
 TEST(Emulated, ContextParallelBadSeqlens) {
-  const int cu[] = {0, 1000, 10, 1010, 5000};
-  cuda::ChunkedParams p;
-  p.cu_seqlens = cu;
-  p.has_cu_seqlens = true;
-  p.num_seqs = 4;
-  p.tokens = 1010;
-  const cuda::CpLayout layout = cuda::CpLayout::of(p.tokens, p.num_seqs, 128);  // 11 slots, lists of 11 and 7
-  cuda::WalkSpan guard;
-  guard.seq = -99;
-  std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1) + 4, guard),
-      list3(static_cast<std::size_t>(layout.cap3) + 4, guard);
-  std::vector<int> seq_slots(2 * 4 + 2, -99), sm(3 * cuda::kCpBuildThreads);
-  run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
-    cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
-                                                threadIdx.x);
-  });
-  for (std::size_t i = 0; i < list1.size(); ++i) {
-    const cuda::WalkSpan& w = list1[i];
-    if (i >= static_cast<std::size_t>(layout.cap1)) {
-      EXPECT_EQ(w.seq, -99) << "list 1 written past its end at " << i;
-      continue;
+  const std::vector<std::vector<int>> batches = {{0, 1000, 10, 1010, 5000}, {0, 200, 0, 200, 0, 200}};
+  const std::int64_t tokens[] = {1010, 200};
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    SCOPED_TRACE("batch " + std::to_string(b));
+    const std::vector<int>& cu = batches[b];
+    const auto N = static_cast<std::int64_t>(cu.size()) - 1;
+    cuda::ChunkedParams p;
+    p.cu_seqlens = cu.data();
+    p.has_cu_seqlens = true;
+    p.num_seqs = N;
+    p.tokens = tokens[b];
+    const cuda::CpLayout layout = cuda::CpLayout::of(p.tokens, p.num_seqs, 128);
+    std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1) + 4, poison_entry()),
+        list3(static_cast<std::size_t>(layout.cap3) + 4, poison_entry());
+    std::vector<int> seq_slots(static_cast<std::size_t>(2 * N) + 2, -99), sm(3 * cuda::kCpBuildThreads);
+    run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
+      cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
+                                                  threadIdx.x);
+    });
+    int empty = 0;
+    for (const bool fix : {false, true}) {
+      const std::vector<cuda::WalkSpan>& list = fix ? list3 : list1;
+      const std::size_t cap = static_cast<std::size_t>(fix ? layout.cap3 : layout.cap1);
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const cuda::WalkSpan& w = list[i];
+        if (i >= cap) {
+          EXPECT_EQ(w.seq, -99) << "list " << (fix ? 3 : 1) << " written past its end at " << i;
+          continue;
+        }
+        EXPECT_NE(w.seq, -99) << "list " << (fix ? 3 : 1) << " entry " << i << " not written";
+        EXPECT_TRUE(0 <= w.begin && w.begin <= w.end && w.end <= p.tokens) << i << ": " << w.begin << ".." << w.end;
+        EXPECT_LT(w.state_out, layout.slots);
+        EXPECT_LT(w.state_in, layout.slots);
+        EXPECT_LT(w.map, layout.slots);
+        empty += w.begin == w.end;
+      }
     }
-    EXPECT_TRUE(0 <= w.begin && w.begin <= w.end && w.end <= p.tokens) << i << ": " << w.begin << ".." << w.end;
-    EXPECT_LT(w.state_out, layout.slots);
-    EXPECT_LT(w.map, layout.slots);
+    EXPECT_GT(empty, 0);
+    EXPECT_EQ(seq_slots[static_cast<std::size_t>(2 * N)], -99);
+    for (std::int64_t n = 0; n < N; ++n)  // a sequence the scan walks has all its slots inside
+      if (seq_slots[static_cast<std::size_t>(2 * n + 1)] >= 2) {
+        EXPECT_LE(seq_slots[static_cast<std::size_t>(2 * n)] + seq_slots[static_cast<std::size_t>(2 * n + 1)],
+                  layout.slots)
+            << n;
+      }
+    list1.resize(static_cast<std::size_t>(layout.cap1));
+    list3.resize(static_cast<std::size_t>(layout.cap3));
+    seq_slots.resize(static_cast<std::size_t>(2 * N));
+    for (const unsigned gz : {static_cast<unsigned>(layout.cap1), 3u, 1u})
+      check_packed_entries(p, layout, gz, list1, list3, seq_slots);
   }
-  for (std::size_t i = 0; i < list3.size(); ++i) {
-    const cuda::WalkSpan& w = list3[i];
-    if (i >= static_cast<std::size_t>(layout.cap3)) {
-      EXPECT_EQ(w.seq, -99) << "list 3 written past its end at " << i;
-      continue;
-    }
-    EXPECT_TRUE(0 <= w.begin && w.begin <= w.end && w.end <= p.tokens) << i;
-    EXPECT_LT(w.state_in, layout.slots);
-    EXPECT_LT(w.map, layout.slots);
-  }
-  EXPECT_EQ(seq_slots[8], -99);
-  for (int n = 0; n < 4; ++n)  // a sequence the scan walks has all its slots inside
-    if (seq_slots[2 * n + 1] >= 2) {
-      EXPECT_LE(seq_slots[2 * n] + seq_slots[2 * n + 1], layout.slots) << n;
-    }
 }

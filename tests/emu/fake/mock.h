@@ -30,22 +30,24 @@ inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 gridDim, blockDim;
 inline std::barrier<>* g_block_barrier = nullptr;
 inline std::barrier<>* g_warp_barrier[12] = {};
-inline float g_shfl[12][32];
 
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
 inline void __trap() { std::abort(); }
 
-inline float __shfl_up_sync(unsigned, float v, int off) {
+// Any 32-bit value, bit for bit (floats and integers alike: nothing is rounded through float).
+inline std::uint32_t g_shfl_bits[12][32];
+template <typename V>
+inline V __shfl_up_sync(unsigned, V v, int off) {
+  static_assert(sizeof(V) == 4, "32-bit shuffles");
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   g_warp_barrier[w]->arrive_and_wait();
-  g_shfl[w][l] = v;
+  std::memcpy(&g_shfl_bits[w][l], &v, 4);
   g_warp_barrier[w]->arrive_and_wait();
-  const float r = l >= off ? g_shfl[w][l - off] : v;
+  V r = v;
+  if (l >= off) std::memcpy(&r, &g_shfl_bits[w][l - off], 4);
   g_warp_barrier[w]->arrive_and_wait();
   return r;
 }
-// Any 32-bit value, bit for bit (floats and integers alike: nothing is rounded through float).
-inline std::uint32_t g_shfl_bits[12][32];
 template <typename V>
 inline V __shfl_sync(unsigned, V v, int src) {
   static_assert(sizeof(V) == 4, "32-bit shuffles");
