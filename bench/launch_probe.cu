@@ -2,8 +2,10 @@
 // cudaLaunchKernelEx (with and without the programmatic-dependent and cluster attributes, with
 // small and with fused-kernel-sized parameters) against the driver's cuLaunchKernelEx on the
 // function handle the runtime gives, and the descriptor rebase a fused call makes
-// (cuTensorMapReplaceAddress x 4). Empty kernels; each call timed alone on the host (median of
-// rounds of 200 calls, a stream sync between rounds so the queue never fills).
+// (cuTensorMapReplaceAddress x 4); and a split's three launches one by one against one CUDA graph
+// captured from them (launched as is, or with its nodes' parameters set first). Empty kernels; each
+// call timed alone on the host (median of rounds of 200 calls, a stream sync between rounds so the
+// queue never fills).
 //
 //   launch_probe [--rounds N]
 #include <cuda.h>
@@ -162,6 +164,42 @@ int main(int argc, char** argv) {
          check(cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(empty_small)), "cudaGetFuncBySymbol");
        }},
   };
+  // A split's three launches (stage 1, the scan, the correction) made one by one, and as one CUDA
+  // graph captured from them: launched as it is, and with its three nodes' parameters set anew
+  // first (what a call with new tensors would have to do).
+  auto three = [&] {
+    rt(empty_large, lg, true, 2, kBigSmem);
+    rt(empty_small, sm, true, 1);
+    rt(empty_small, sm, true, 1);
+  };
+  rows.push_back({"3 launches runtime Ex pdl (a split's)", three});
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  three();
+  check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  std::size_t n_nodes = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &n_nodes), "cudaGraphGetNodes");
+  std::vector<cudaGraphNode_t> nodes(n_nodes);
+  check(cudaGraphGetNodes(graph, nodes.data(), &n_nodes), "cudaGraphGetNodes");
+  std::vector<cudaKernelNodeParams> node_params(n_nodes);
+  void* small_args[] = {&sm};
+  void* large_args[] = {&lg};
+  for (std::size_t i = 0; i < n_nodes; ++i) {
+    check(cudaGraphKernelNodeGetParams(nodes[i], &node_params[i]), "cudaGraphKernelNodeGetParams");
+    node_params[i].kernelParams =
+        node_params[i].func == reinterpret_cast<void*>(empty_large) ? large_args : small_args;
+    node_params[i].extra = nullptr;
+  }
+  std::printf("graph of %zu nodes\n", n_nodes);
+  rows.push_back({"graph of the 3: launch", [&] { check(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); }});
+  rows.push_back({"graph of the 3: set params, launch", [&] {
+                    for (std::size_t i = 0; i < n_nodes; ++i)
+                      check(cudaGraphExecKernelNodeSetParams(exec, nodes[i], &node_params[i]),
+                            "cudaGraphExecKernelNodeSetParams");
+                    check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+                  }});
   // Four descriptors rebased, as a fused call does.
   CUtensorMap maps[4];
   {

@@ -4,7 +4,8 @@
     PYTHONPATH=build-gpu/python python3 bench/python_host_probe.py [--reps 600]
 
 Times the call itself (the GPU work is queued, then waited for outside the timed span) for the
-split row qwen35tp8-2x8-b1-t8192 as the planner runs it (also with the binding's plan cache
+split row qwen35tp8-2x8-b1-t8192 as the planner runs it, a packed batch's split (qwen35tp8-2x8-
+varlen-n3-t16384) (also with the binding's plan cache
 emptied before each call, as for a problem it has not seen), unsplit (segments=1) and with the
 max_seq_len hint, for fixed-b1-t512, the binding's _forward alone, the torch pieces of a call as
 torch's Python API gives them (allocations, the stream query, reading five tensors' attributes:
@@ -31,6 +32,7 @@ def main():
     args = ap.parse_args()
     split = bench.make_inputs(dict(lens=[8192], Hq=2, Hk=2, Hv=8, dk=128, dv=128), seed=7)
     small = bench.make_inputs(dict(lens=[512], Hq=64, Hk=64, Hv=64, dk=128, dv=128), seed=7)
+    packed = bench.make_inputs(dict(lens=[9000, 5000, 2384], Hq=2, Hk=2, Hv=8, dk=128, dv=128), seed=7)
     y = torch.zeros(1024, device="cuda")
 
     def call(x, **kw):
@@ -58,6 +60,7 @@ def main():
                 "tp8-t8192, split, new plan": new_plan(call(split)),
                 "tp8-t8192, segments=1": call(split, segments=1),
                 "tp8-t8192, max_seq_len": call(split, max_seq_len=8192),
+                "tp8 n3-t16384 (packed split)": call(packed),
                 "fixed-b1-t512": call(small),
                 "fixed-b1-t512, new plan": new_plan(call(small)),
                 "tp8-t8192 _forward (split)": forward(split),
