@@ -1070,6 +1070,43 @@ TEST(Emulated, ContextParallelDecayCut) {
   }
 }
 
+// A packed split's stage-1 placement over more than one round of 32 sequences (up to
+// kCpPackedMaxSeqs, the most launch_cp gives it): random lengths with empty, one-chunk and
+// multi-segment sequences, against the builder's lists and table for several grids.
+TEST(Emulated, ContextParallelPackedPlacement) {
+  std::mt19937 rng(1707);
+  for (const int N : {33, 64, static_cast<int>(cuda::kCpPackedMaxSeqs)}) {
+    std::vector<int> cu(static_cast<std::size_t>(N) + 1, 0);
+    for (int n = 0; n < N; ++n) {
+      const int kind = static_cast<int>(rng() % 4);
+      const int len = kind == 0 ? 0 : kind == 1 ? 1 + static_cast<int>(rng() % 64) : static_cast<int>(rng() % 700);
+      cu[static_cast<std::size_t>(n) + 1] = cu[static_cast<std::size_t>(n)] + len;
+    }
+    SCOPED_TRACE("N " + std::to_string(N) + ", T " + std::to_string(cu.back()));
+    cuda::ChunkedParams p;
+    p.cu_seqlens = cu.data();
+    p.has_cu_seqlens = true;
+    p.num_seqs = N;
+    p.tokens = cu.back();
+    for (const int seg : {64, 192}) {
+      const cuda::CpLayout layout = cuda::CpLayout::of(p.tokens, p.num_seqs, seg);
+      std::vector<cuda::WalkSpan> list1(static_cast<std::size_t>(layout.cap1), poison_entry()),
+          list3(static_cast<std::size_t>(layout.cap3), poison_entry());
+      std::vector<int> seq_slots(static_cast<std::size_t>(2 * N), -99), sm(3 * cuda::kCpBuildThreads);
+      run_grid(dim3(1, 1, 1), cuda::kCpBuildThreads, [&] {
+        cuda::cp_build_lists<cuda::kCpBuildThreads>(p, layout, list1.data(), list3.data(), seq_slots.data(), sm.data(),
+                                                    threadIdx.x);
+      });
+      int split = 0;
+      for (int n = 0; n < N; ++n) split += seq_slots[static_cast<std::size_t>(2 * n + 1)] > 1;
+      ASSERT_GT(split, 0) << "seg " << seg;
+      const auto z_min = static_cast<unsigned>((layout.cap1 + cuda::kCtaWalks - 1) / cuda::kCtaWalks);
+      for (const unsigned gz : {static_cast<unsigned>(layout.cap1), 7u, z_min})
+        if (gz >= z_min) check_packed_entries(p, layout, gz, list1, list3, seq_slots);
+    }
+  }
+}
+
 // The split's list builder on cu_seqlens that the run does not check (decreasing, past T): every
 // entry inside the lists is written (they start poisoned) and stays inside the token range and
 // the slots, nothing is written past them (guard entries after each list), and a packed split's
