@@ -22,7 +22,6 @@ using detail::Shape;
 
 namespace detail {
 
-
 void fail(Error::Kind kind, const std::string& argument, const std::string& expected,
           const std::string& got) {
   throw Error(kind, argument, argument + ": expected " + expected + ", got " + got);

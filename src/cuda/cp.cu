@@ -119,10 +119,9 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
     list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
     list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
     seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
-  }
-  if (!computed && !packed) {
-    const cudaError_t err = launch_after(gdn_cp_build_kernel, dim3(1), kCpBuildThreads, 0, stream, p, c, list1, list3,
-                                         seq_slots);
+    const cudaError_t err = packed ? cudaSuccess
+                                   : launch_after(gdn_cp_build_kernel, dim3(1), kCpBuildThreads, 0, stream, p, c,
+                                                  list1, list3, seq_slots);
     if (err != cudaSuccess) return err;
   }
   auto* const E = reinterpret_cast<float*>(ws + w.states);
