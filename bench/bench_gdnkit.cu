@@ -110,7 +110,8 @@ struct InputSet {
 
 int main(int argc, char** argv) {
   std::string rows_path = "bench/rows.json", only, kernels, segments;
-  bool json = false, hint = true, gate_linear = false, beta_bf16 = false;
+  bool json = false, hint = true, gate_linear = false, beta_bf16 = false, split_graph = true,
+       legacy_stream = false, idle_host = false;
   int reps = 20, force_sets = 0;
   float cutoff = 0.0f;
   for (int i = 1; i < argc; ++i) {
@@ -132,8 +133,13 @@ int main(int argc, char** argv) {
     else if (a == "--no-hint") hint = false;
     else if (a == "--gate-linear") gate_linear = true;
     else if (a == "--beta-bf16") beta_bf16 = true;
+    else if (a == "--legacy-stream") legacy_stream = true;
+    else if (a == "--idle-host") idle_host = true;
+    else if (a == "--split-launches" && i + 1 < argc && (std::string(argv[i + 1]) == "graph" ||
+                                                          std::string(argv[i + 1]) == "direct"))
+      split_graph = std::string(argv[++i]) == "graph";
     else {
-      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--sets N] [--no-hint] [--gate-linear] [--beta-bf16] [--json]\n"
+      std::fprintf(stderr, "usage: bench_gdnkit [--rows FILE] [--only A,B] [--reps N] [--kernels K1,K2] [--segments S1,S2] [--split-decay-cutoff C] [--sets N] [--no-hint] [--gate-linear] [--beta-bf16] [--split-launches graph|direct] [--legacy-stream] [--idle-host] [--json]\n"
                            "  --kernels: time each row with each named kernel (Options::kernel) instead of the\n"
                            "             planner's choice, side by side; rows a kernel cannot run are skipped\n"
                            "  --segments: likewise with each Options::segments value (1: unsplit; k >= 2: k segments)\n"
@@ -143,7 +149,13 @@ int main(int argc, char** argv) {
                            "            enough copies to exceed three times the L2 cache, at most 8\n"
                            "  --no-hint: plan without Problem::max_seq_len (the packed lengths unknown to the host)\n"
                            "  --gate-linear: gates passed as alpha (GateSpace::linear) instead of log(alpha)\n"
-                           "  --beta-bf16: beta stored as bf16 instead of f32\n");
+                           "  --beta-bf16: beta stored as bf16 instead of f32\n"
+                           "  --split-launches: a split's launches as one CUDA graph (Options::split_graph, the\n"
+                           "                    default) or one by one\n"
+                           "  --legacy-stream: run on the legacy default stream (torch's default) instead of a\n"
+                           "                   created one\n"
+                           "  --idle-host: also the host time of calls that each find the stream idle (a sync\n"
+                           "               after every call), printed as 'idle-host ROW KERNEL US' lines\n");
       return 2;
     }
   }
@@ -152,8 +164,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const long long l2_bytes = 60ll << 20;
-  cudaStream_t stream;
-  check(cudaStreamCreate(&stream), "stream");
+  cudaStream_t stream = nullptr;  // the legacy default stream with --legacy-stream
+  if (!legacy_stream) check(cudaStreamCreate(&stream), "stream");
   if (!json) std::printf("%-38s %8s %10s %10s %s %s\n", "row", "tokens", "device_ms", "host_us", "kernel", "plan_us");
   for (const Row& row : read_rows(rows_path)) {
     if (!only.empty() && only.find("," + row.name + ",") == std::string::npos) continue;
@@ -180,6 +192,7 @@ int main(int argc, char** argv) {
       gdnkit::Options o;
       o.segments = std::atoi(segments.substr(b, e - b).c_str());
       o.split_decay_cutoff = cutoff;
+      o.split_graph = split_graph;
       b = e + 1;
       try {
         plans.push_back(gdnkit::Plan::create(p, o));
@@ -190,6 +203,7 @@ int main(int argc, char** argv) {
     if (kernels.empty() && segments.empty()) {
       gdnkit::Options planner;
       planner.split_decay_cutoff = cutoff;
+      planner.split_graph = split_graph;
       plans.push_back(gdnkit::Plan::create(p, planner));
       if (std::string(plans[0].kernel_name()).find("-cp") != std::string::npos) {
         gdnkit::Options o;
@@ -203,6 +217,7 @@ int main(int argc, char** argv) {
     if (!plans.empty() || !kernels.empty()) {
       gdnkit::Options o;
       o.split_decay_cutoff = cutoff;
+      o.split_graph = split_graph;
       if (!segments.empty()) o.segments = std::atoi(segments.c_str());
       const std::string first_kernel = kernels.substr(0, kernels.find(','));
       if (!kernels.empty()) o.kernel = first_kernel.c_str();
@@ -281,6 +296,17 @@ int main(int argc, char** argv) {
         dev.push_back(ms / per_rep);
       }
       const double device_ms = median(dev), host_us = median(host);
+      if (idle_host) {
+        std::vector<double> idle;
+        for (int i = 0; i < 4 * per_rep; ++i) {
+          check(cudaStreamSynchronize(stream), "sync");
+          const auto h0 = std::chrono::steady_clock::now();
+          plan.run(tensors(sets[i % nsets]), ws, plan.workspace_bytes(), stream);
+          idle.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
+        }
+        check(cudaStreamSynchronize(stream), "sync");
+        std::printf("idle-host %s %s %.2f\n", row.name.c_str(), plan.kernel_name(), median(idle));
+      }
       row_ms.push_back(device_ms);
       row_host_us.push_back(host_us);
       if (json && with_unsplit && row_ms.size() == 2)
@@ -303,6 +329,6 @@ int main(int argc, char** argv) {
     }
     cudaFree(cu);
   }
-  cudaStreamDestroy(stream);
+  if (stream != nullptr) cudaStreamDestroy(stream);
   return 0;
 }

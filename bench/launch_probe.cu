@@ -5,9 +5,9 @@
 // (cuTensorMapReplaceAddress x 4); and a split's three launches one by one against one CUDA graph
 // captured from them (launched as is, or with its nodes' parameters set first). Empty kernels; each
 // call timed alone on the host (median of rounds of 200 calls, a stream sync between rounds so the
-// queue never fills).
+// queue never fills; and with a sync after every call), on a created stream or the legacy one.
 //
-//   launch_probe [--rounds N]
+//   launch_probe [--rounds N] [--stream nonblocking|blocking|legacy]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -70,7 +71,9 @@ double median(std::vector<double> v) {
 
 // Median microseconds of one call of f, over rounds of 200 calls; busy: each round queued behind
 // a kernel that spins ~2 ms (as a serving engine's launches queue behind its running kernels).
-double time_calls(cudaStream_t s, int rounds, bool busy, const std::function<void()>& f) {
+// busy: a 2 ms kernel ahead of each round of 200 calls; synced: the stream waited for after every
+// call (each call finds the GPU idle, as in a probe that synchronises per call).
+double time_calls(cudaStream_t s, int rounds, bool busy, const std::function<void()>& f, bool synced = false) {
   std::vector<double> t;
   for (int w = 0; w < 50; ++w) f();
   check(cudaStreamSynchronize(s), "sync");
@@ -80,6 +83,7 @@ double time_calls(cudaStream_t s, int rounds, bool busy, const std::function<voi
       const auto a = std::chrono::steady_clock::now();
       f();
       t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+      if (synced) check(cudaStreamSynchronize(s), "sync");
     }
     check(cudaStreamSynchronize(s), "sync");
   }
@@ -90,11 +94,21 @@ double time_calls(cudaStream_t s, int rounds, bool busy, const std::function<voi
 
 int main(int argc, char** argv) {
   int rounds = 20;
+  const char* kind = "nonblocking";
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--stream") && i + 1 < argc) kind = argv[++i];
   check(cudaSetDevice(0), "cudaSetDevice");
-  cudaStream_t s;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  // The stream every row launches on: a created one (non-blocking or blocking), or the legacy
+  // default stream (torch's default).
+  cudaStream_t s = nullptr;
+  if (!std::strcmp(kind, "nonblocking")) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  else if (!std::strcmp(kind, "blocking")) check(cudaStreamCreate(&s), "stream");
+  else if (std::strcmp(kind, "legacy") != 0) {
+    std::fprintf(stderr, "launch_probe: --stream expects nonblocking, blocking or legacy, got '%s'\n", kind);
+    return 2;
+  }
+  std::printf("stream: %s\n", kind);
   void* buf = nullptr;
   check(cudaMalloc(&buf, 1 << 20), "malloc");
 
@@ -175,9 +189,14 @@ int main(int argc, char** argv) {
   rows.push_back({"3 launches runtime Ex pdl (a split's)", three});
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  // Captured on a stream of its own (the legacy stream cannot be captured), launched on s.
+  cudaStream_t cap = nullptr;
+  check(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking), "stream");
+  std::swap(s, cap);
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   three();
   check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  std::swap(s, cap);
   check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   std::size_t n_nodes = 0;
   check(cudaGraphGetNodes(graph, nullptr, &n_nodes), "cudaGraphGetNodes");
@@ -214,13 +233,15 @@ int main(int argc, char** argv) {
                     for (auto& m : maps) check(replace(&m, buf), "cuTensorMapReplaceAddress");
                   }});
 
-  std::printf("%-38s %10s %10s\n", "call", "idle_us", "busy_us");
-  for (const Row& r : rows)
-    std::printf("%-38s %10.3f %10.3f\n", r.name, time_calls(s, rounds, false, r.f), time_calls(s, rounds, true, r.f));
+  std::printf("%-38s %10s %10s %10s\n", "call", "idle_us", "busy_us", "synced_us");
+  auto print = [&](const Row& r) {
+    std::printf("%-38s %10.3f %10.3f %10.3f\n", r.name, time_calls(s, rounds, false, r.f),
+                time_calls(s, rounds, true, r.f), time_calls(s, std::max(rounds / 4, 1), false, r.f, true));
+  };
+  for (const Row& r : rows) print(r);
   // Again in reverse order: the first rows' numbers are not an artefact of their place.
   std::printf("(reverse order)\n");
-  for (auto it = rows.rbegin(); it != rows.rend(); ++it)
-    std::printf("%-38s %10.3f %10.3f\n", it->name, time_calls(s, rounds, false, it->f), time_calls(s, rounds, true, it->f));
+  for (auto it = rows.rbegin(); it != rows.rend(); ++it) print(*it);
   check(cudaStreamSynchronize(s), "sync");
   return 0;
 }

@@ -6,8 +6,8 @@
 #ifdef GDNKIT_HOST_STAMPS
 namespace gdnkit::detail {
 // Points: 0 Plan::run entered, 1 its checks done, 2 the CUDA backend's checks and parameters done,
-// 3 the TMA descriptors rebased, 4 the launch parameters ready, 5 the first (fused) kernel enqueued,
-// 6 a split's scan enqueued, 7 Plan::run returning.
+// 3 the TMA descriptors rebased, 4 the launch parameters ready (a split's launches listed: cp.cu),
+// 7 Plan::run returning.
 void host_stamp(int point);
 void host_stamps_close(const void* plan);                     // run() returning: one call's times
 void host_stamps_report(const void* plan, const char* kernel);  // the plan destroyed: its medians

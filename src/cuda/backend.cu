@@ -15,6 +15,7 @@
 #include "cuda/backend.h"
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
+#include "cuda/launch_list.h"
 #include "cuda/cp_model.h"
 #include "cuda/walk_grid.h"
 
@@ -335,6 +336,7 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   c.cp_stage1 = k1;
   c.cp_cutoff = cutoff;
   c.cp_pairs = best.pairs;
+  if (options.split_graph) c.cp_graphs = std::make_shared<LaunchGraphs>();
   c.workspace = bytes;
   c.name = std::string(k1->name);
   c.name = c.name.substr(0, c.name.size() - std::string("-walks").size()) + "-cp" + str(best.nseg);
@@ -426,9 +428,17 @@ static_assert(sizeof(Config::fused_maps) == sizeof(FusedMaps), "the plan holds o
 
 // The call's fused-kernel descriptors: the plan's, pointed at p's tensors (else encoded anew).
 bool call_fused_maps(const Config& c, const ChunkedParams& p, DType dtype, int dk, FusedMaps* maps) {
-  if (!c.has_fused_maps) return encode_fused_maps(p, dtype, dk, maps);
-  std::memcpy(maps->bytes, c.fused_maps.data(), sizeof maps->bytes);
-  return rebase_fused_maps(maps, p);
+  auto once = [&] {
+    if (!c.has_fused_maps) return encode_fused_maps(p, dtype, dk, maps);
+    std::memcpy(maps->bytes, c.fused_maps.data(), sizeof maps->bytes);
+    return rebase_fused_maps(maps, p);
+  };
+  if (once()) return true;
+  // A thread's first call: the driver wants the device's context current, and the runtime makes
+  // it so only at a call that needs it. cudaFree(nullptr) is such a call and does nothing else.
+  cudaFree(nullptr);
+  cudaGetLastError();
+  return once();
 }
 
 }  // namespace
@@ -469,7 +479,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
     layout.pairs = c.cp_pairs;
     const cudaError_t err =
         launch_cp(p, layout, *c.cp_stage1, maps, c.cp_cutoff, static_cast<unsigned char*>(workspace),
-                  reinterpret_cast<cudaStream_t>(stream));
+                  c.cp_graphs.get(), reinterpret_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
       cudaGetLastError();
       throw Error(K::cuda, "launch",

@@ -5,13 +5,15 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/shape.h"
 
 namespace gdnkit::cuda {
 
-struct SplitKernel;  // chunked.h: one compiled instantiation (prep + walk kernels)
+struct SplitKernel;   // chunked.h: one compiled instantiation (prep + walk kernels)
+class LaunchGraphs;  // launch_list.h: a split's launches as CUDA graphs, per stream
 
 // Launch configuration fixed at plan time (device properties are read here, once).
 struct Config {
@@ -35,6 +37,9 @@ struct Config {
   const SplitKernel* cp_stage1 = nullptr;
   float cp_cutoff = 0.0f;                  // Options::split_decay_cutoff (0: exact)
   bool cp_pairs = false;                   // stage 1 in value and map pairs (CpLayout::pairs)
+  // The split's graphs (Options::split_graph; nullptr: launches one by one). Copies of a plan
+  // share them: the graphs are thread-safe and the copies' launches are the same.
+  std::shared_ptr<LaunchGraphs> cp_graphs;
   std::string name;                        // kernel's storage when it is composed (the split)
   // The fused kernels' TMA descriptors (K, Q, V, O; chunked.h FusedMaps), encoded here for the
   // problem's shapes and strides: run() only replaces their addresses (encoding costs about a

@@ -335,6 +335,10 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p);
 // runs, and waits for it before it reads or writes anything in global memory (fused_cta).
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                                  cudaStream_t stream);
+// The same launch appended to list (launch_list.h) rather than made.
+class LaunchList;
+cudaError_t add_fused_launch(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
+                             LaunchList* list);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

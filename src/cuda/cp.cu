@@ -2,7 +2,7 @@
 // sequence (cp.cuh describes the stages).
 #include "cuda/cp.h"
 #include "common/host_stamps.h"
-#include "cuda/pdl_launch.h"
+#include "cuda/launch_list.h"
 
 #include <algorithm>
 #include <cmath>
@@ -76,13 +76,13 @@ __global__ void __launch_bounds__(kCpFixThreads) gdn_cp_fix_kernel(const Chunked
 #endif
 }
 
-// A programmatic dependent launch (pdl.cuh): the kernel may be scheduled before the one ahead of
-// it on the stream has finished, and waits for it in grid_dependency_wait.
+// Appends a launch (each of a split's launches is a programmatic dependent launch, pdl.cuh: the
+// kernel may be scheduled before the one ahead of it on the stream has finished, and waits for it
+// in grid_dependency_wait).
 template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
-                         Args... args) {
-  const PdlLaunch launch(grid, dim3(threads), smem, stream, /*after=*/true);
-  return cudaLaunchKernelEx(&launch.config, kernel, static_cast<Params>(args)...);
+cudaError_t add(LaunchList& list, void (*kernel)(Params...), dim3 grid, unsigned threads, std::size_t smem,
+                Args... args) {
+  return list.add(kernel, grid, dim3(threads), smem, args...) ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -101,8 +101,10 @@ cudaError_t cp_prepare(int device) {
   return err;
 }
 
-cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
-                      float cutoff, unsigned char* ws, cudaStream_t stream) {
+namespace {
+
+cudaError_t add_cp_launches(const ChunkedParams& p_in, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
+                            float cutoff, unsigned char* ws, LaunchList& list) {
   ChunkedParams p = p_in;
   const int dk = k1.dk, dvb1 = 16 * k1.warps;
   if (c.seg < kChunk || c.seg % kChunk != 0 || dk % dvb1 != 0 || p.dv % dvb1 != 0 || p.dv % kCpFixCols != 0 ||
@@ -119,9 +121,9 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
     list1 = reinterpret_cast<WalkSpan*>(ws + w.list1);
     list3 = reinterpret_cast<WalkSpan*>(ws + w.list3);
     seq_slots = reinterpret_cast<int*>(ws + w.seq_slots);
-    const cudaError_t err = packed ? cudaSuccess
-                                   : launch_after(gdn_cp_build_kernel, dim3(1), kCpBuildThreads, 0, stream, p, c,
-                                                  list1, list3, seq_slots);
+    const cudaError_t err =
+        packed ? cudaSuccess
+               : add(list, gdn_cp_build_kernel, dim3(1), kCpBuildThreads, 0, p, c, list1, list3, seq_slots);
     if (err != cudaSuccess) return err;
   }
   auto* const E = reinterpret_cast<float*>(ws + w.states);
@@ -132,8 +134,8 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   cudaError_t err = cudaSuccess;
   if (cutoff > 0.0f && c.cap3 > 0) {  // the decay shortcut: where each map walk may stop
     auto* const map_end = reinterpret_cast<int*>(ws + w.map_end);
-    err = launch_after(gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, 0, stream, p, list3,
-                       std::log(cutoff), map_end);
+    err = add(list, gdn_cp_stop_kernel, dim3(static_cast<unsigned>(c.cap3), H), kCpStopThreads, 0, p, list3,
+              std::log(cutoff), map_end);
     if (err != cudaSuccess) return err;
     p.map_end = map_end;
   }
@@ -161,21 +163,18 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   // Only the list's real entries get CTAs (cp_list_entries).
   const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
                 static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));
-  GDNKIT_HOST_STAMP(4);
-  err = launch_fused_encoded(k1, p1, maps, g1, stream);
-  GDNKIT_HOST_STAMP(5);
+  err = add_fused_launch(k1, p1, maps, g1, &list);
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
   if (cp_needs_scan(p, c, computed)) {
     const dim3 grid(static_cast<unsigned>(p.dv / kCpScanCols), H, static_cast<unsigned>(p.num_seqs));
     if (dk == 128)
-      err = launch_after(gdn_cp_scan_kernel<128>, grid, cp_scan_threads<128>(), cp_scan_smem_bytes<128>(), stream, p,
-                         seq_slots, E, M);
+      err = add(list, gdn_cp_scan_kernel<128>, grid, cp_scan_threads<128>(), cp_scan_smem_bytes<128>(), p, seq_slots,
+                E, M);
     else
-      err = launch_after(gdn_cp_scan_kernel<64>, grid, cp_scan_threads<64>(), cp_scan_smem_bytes<64>(), stream, p,
-                         seq_slots, E, M);
+      err = add(list, gdn_cp_scan_kernel<64>, grid, cp_scan_threads<64>(), cp_scan_smem_bytes<64>(), p, seq_slots, E,
+                M);
     if (err != cudaSuccess) return err;
-    GDNKIT_HOST_STAMP(6);
   }
 
   const int parts = (c.seg + kCpFixChunks * kChunk - 1) / (kCpFixChunks * kChunk);
@@ -184,23 +183,34 @@ cudaError_t launch_cp(const ChunkedParams& p_in, const CpLayout& c, const SplitK
   const bool bf16 = k1.dtype == DType::bf16;
   using BF = __nv_bfloat16;
   if (bf16 && dk == 128)
-    return launch_after(gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), stream, p, list3, c.cap3, E,
-                        static_cast<const BF*>(map_o));
+    return add(list, gdn_cp_fix_kernel<BF, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), p, list3, c.cap3, E,
+               static_cast<const BF*>(map_o));
   if (bf16)
-    return launch_after(gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), stream, p, list3, c.cap3, E,
-                        static_cast<const BF*>(map_o));
+    return add(list, gdn_cp_fix_kernel<BF, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), p, list3, c.cap3, E,
+               static_cast<const BF*>(map_o));
   if (dk == 128)
-    return launch_after(gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), stream, p, list3, c.cap3, E,
-                        static_cast<const __half*>(map_o));
-  return launch_after(gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), stream, p, list3, c.cap3, E,
-                      static_cast<const __half*>(map_o));
+    return add(list, gdn_cp_fix_kernel<__half, 128>, g3, kCpFixThreads, cp_fix_smem_bytes<128>(), p, list3, c.cap3, E,
+               static_cast<const __half*>(map_o));
+  return add(list, gdn_cp_fix_kernel<__half, 64>, g3, kCpFixThreads, cp_fix_smem_bytes<64>(), p, list3, c.cap3, E,
+             static_cast<const __half*>(map_o));
+}
+
+}  // namespace
+
+cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
+                      float cutoff, unsigned char* ws, LaunchGraphs* graphs, cudaStream_t stream) {
+  LaunchList list;
+  const cudaError_t err = add_cp_launches(p, c, k1, maps, cutoff, ws, list);
+  GDNKIT_HOST_STAMP(4);
+  if (err != cudaSuccess) return err;  // nothing launched
+  return graphs != nullptr ? graphs->launch(list, stream) : list.launch(stream);
 }
 
 #else  // no CUTLASS: no fused kernel, so no split either
 
 cudaError_t cp_prepare(int) { return cudaErrorNotSupported; }
 cudaError_t launch_cp(const ChunkedParams&, const CpLayout&, const SplitKernel&, const FusedMaps&, float, unsigned char*,
-                      cudaStream_t) {
+                      LaunchGraphs*, cudaStream_t) {
   return cudaErrorNotSupported;
 }
 

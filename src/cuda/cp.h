@@ -90,7 +90,10 @@ cudaError_t cp_prepare(int device);
 // (where cp_needs_scan) and the correction; every launch, the builder's too, is a programmatic dependent launch (pdl.cuh).
 // p is the call's parameters as for the unsplit kernel; cutoff 0 is exact; ws holds
 // cp_workspace(...).bytes, 16-byte aligned (its parts start at multiples of 256 bytes from ws).
+// With graphs (the plan's), the launches go through its graph for the stream (launch_list.h);
+// without, one by one. Nothing is launched when the parameters are refused.
+class LaunchGraphs;
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
-                      float cutoff, unsigned char* ws, cudaStream_t stream);
+                      float cutoff, unsigned char* ws, LaunchGraphs* graphs, cudaStream_t stream);
 
 }  // namespace gdnkit::cuda

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cuda/chunked.h"
+#include "cuda/launch_list.h"
 #include "cuda/pdl_launch.h"
 #if GDNKIT_HAS_CUTLASS
 #include "cuda/fused_sm90.cuh"
@@ -229,8 +230,8 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
          replace(&m[2], const_cast<void*>(p.v)) == CUDA_SUCCESS && replace(&m[3], p.o) == CUDA_SUCCESS;
 }
 
-cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
-                                 cudaStream_t stream) {
+cudaError_t add_fused_launch(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
+                             LaunchList* list) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
   if (p.num_walks > std::int64_t(kCtaWalks) * grid.z) return cudaErrorInvalidValue;  // walk_entry (fused_sm90_scheduler.cuh)
   if (!fused_sizes_ok(p.tokens, std::max(p.num_seqs, p.num_walks))) return cudaErrorInvalidValue;
@@ -245,14 +246,21 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
 #ifdef GDNKIT_FUSED_TIMELINE
   set_timeline(fp, grid);
 #endif
-  void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(k.warps, p, grid);
   const void* const func = p.cp_seq_slots != nullptr                   ? k.packed_func
                            : cluster == 2 && k.paired_func != nullptr ? k.paired_func
                                                                        : k.walk_func;
   if (func == nullptr) return cudaErrorInvalidValue;  // placing entries needs a walk-list kernel
-  const PdlLaunch launch(grid, dim3(k.threads), k.walk_smem, stream, true, cluster);
-  return cudaLaunchKernelExC(&launch.config, func, args);
+  return list->add_block(func, grid, dim3(k.threads), k.walk_smem, cluster, &fp, sizeof fp, alignof(FusedParams))
+             ? cudaSuccess
+             : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
+                                 cudaStream_t stream) {
+  LaunchList list;
+  const cudaError_t err = add_fused_launch(k, p, maps, grid, &list);
+  return err != cudaSuccess ? err : list.launch(stream);
 }
 
 SplitKernelList fused_kernels() { return {kKernels, static_cast<int>(sizeof kKernels / sizeof kKernels[0])}; }
@@ -262,6 +270,9 @@ SplitKernelList fused_walks_kernels() {
 #else
 bool encode_fused_maps(const ChunkedParams&, DType, int, FusedMaps*) { return false; }
 bool rebase_fused_maps(FusedMaps*, const ChunkedParams&) { return false; }
+cudaError_t add_fused_launch(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, LaunchList*) {
+  return cudaErrorInvalidValue;
+}
 cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t) {
   return cudaErrorInvalidValue;
 }

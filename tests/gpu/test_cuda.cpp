@@ -12,12 +12,15 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/test_util.h"
 #include "common/walk_split.h"
 #include "cuda/chunked.h"
+#include "cuda/launch_list.h"
 #include "gpu/gpu_util.h"
 
 namespace {
@@ -787,6 +790,52 @@ TEST_F(Cuda, TwoStreams) {
   check_downloaded("two streams: B", b, rb, pb);
 }
 
+// Two plans, each run only from a thread of its own (a thread that has made no CUDA call before:
+// the driver's descriptor calls need the device's context current there).
+TEST_F(Cuda, TwoThreads) {
+  Spec sa;
+  sa.lens = {2000, 500};
+  sa.Hq = sa.Hk = 2;
+  sa.Hv = 4;
+  sa.dk = sa.dv = 128;
+  sa.qkv = DType::bf16;
+  sa.initial_state = true;
+  sa.seed = 1310;
+  Spec sb = sa;
+  sb.lens = {70, 1, 900, 0, 64};
+  sb.qkv = DType::f16;
+  sb.layout = StateLayout::vk;
+  sb.seed = 1311;
+  Case a = test::random_case(sa), b = test::random_case(sb);
+  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+  DeviceCase da(a), db(b);
+  const Plan pa = Plan::create(da.problem(), test::suite_options(da.problem())),
+             pb = Plan::create(db.problem(), test::suite_options(db.problem()));
+  const test::DeviceWorkspace wa(pa), wb(pb);
+  std::string errors[2];
+  auto calls = [](const Plan& plan, DeviceCase& d, const test::DeviceWorkspace& w, std::string& error) {
+    try {
+      cudaStream_t s = nullptr;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
+      for (int i = 0; i < 4; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), s);
+      if (cudaStreamSynchronize(s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess)
+        throw std::runtime_error("stream synchronize");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  std::thread ta(calls, std::cref(pa), std::ref(da), std::cref(wa), std::ref(errors[0]));
+  std::thread tb(calls, std::cref(pb), std::ref(db), std::cref(wb), std::ref(errors[1]));
+  ta.join();
+  tb.join();
+  EXPECT_EQ(errors[0], "") << pa.kernel_name();
+  EXPECT_EQ(errors[1], "") << pb.kernel_name();
+  da.download();
+  db.download();
+  check_downloaded("two threads: A", a, ra, pa);
+  check_downloaded("two threads: B", b, rb, pb);
+}
+
 // plan.run on d captured once into a CUDA graph, on a stream and with a workspace of its own;
 // replay() launches the graph on that stream.
 class CapturedRun {
@@ -1373,6 +1422,148 @@ TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   run.replay();
   da.download(run.stream());
   check_downloaded("split, graph replay", a, r2, pa);
+}
+
+// A split call's launches as one CUDA graph per stream (Options::split_graph, the default): the
+// plan's first call on a stream launches one by one, the second builds the graph, later ones reuse
+// it with their own arguments; bit for bit the results of the launches one by one; one plan on two
+// streams from two threads at once.
+TEST_F(Cuda, ContextParallelLaunchGraph) {
+  if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
+  struct Run {
+    Spec spec;
+    int segments;
+    float cutoff;
+  };
+  std::vector<Run> runs;
+  {
+    Spec s = cp_spec({4096}, true, 128, 128, DType::bf16, 1740);  // three launches
+    s.inputs = Inputs::hard;
+    s.initial_state = true;
+    runs.push_back({s, 8, 0.0f});
+    s = cp_spec({3000, 0, 700, 2500}, true, 128, 128, DType::f16, 1741);  // packed: stage 1 places the lists
+    s.layout = StateLayout::vk;
+    s.initial_state = true;
+    runs.push_back({s, 4, 0.0f});
+    s = cp_spec({3000, 700, 2500}, true, 128, 128, DType::bf16, 1742);  // the builder and the stop points: five
+    runs.push_back({s, 6, 1e-6f});
+    std::vector<std::int64_t> lens(70, 300);  // more sequences than stage 1 places: the builder
+    s = cp_spec(lens, true, 64, 128, DType::bf16, 1743);
+    s.final_state = false;
+    runs.push_back({s, 2, 0.0f});
+  }
+  auto failed = [](const cuda::LaunchGraphStats& st) {
+    return std::string(st.failed_call != nullptr ? st.failed_call : "none") + ": " + cudaGetErrorName(st.failed_error);
+  };
+  auto same_bits = [](const auto& x, const auto& y) {  // guards and poison (NaN) included
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  GDN_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (Run& r : runs) {
+    SCOPED_TRACE(r.spec.describe());
+    Case c = test::random_case(r.spec);
+    const test::Reference ref = test::run_reference(c);
+    DeviceCase d(c);
+    gdnkit::Options graph, direct;
+    graph.segments = direct.segments = r.segments;
+    graph.split_decay_cutoff = direct.split_decay_cutoff = r.cutoff;
+    direct.split_graph = false;
+    const Plan pg = Plan::create(d.problem(), graph), pd = Plan::create(d.problem(), direct);
+    ASSERT_NE(std::string(pg.kernel_name()).find("-cp"), std::string::npos) << pg.kernel_name();
+    const test::DeviceWorkspace w(pg);
+
+    // The first call on the legacy stream: one by one.
+    const cuda::LaunchGraphStats st0 = cuda::launch_graph_stats();
+    pg.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
+    d.download();
+    check_downloaded("split, first call", c, ref, pg);
+    const cuda::LaunchGraphStats st1 = cuda::launch_graph_stats();
+    EXPECT_EQ(st1.graphs, st0.graphs);
+    EXPECT_EQ(st1.direct_launches - st0.direct_launches, 1);
+    const std::vector<std::uint16_t> o_direct = c.o.buf;
+    const std::vector<float> fin_direct = c.fin.buf;
+
+    // The second builds the graph and launches it: the same bits.
+    c.poison_outputs();
+    d.upload();
+    pg.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
+    d.download();
+    const cuda::LaunchGraphStats st2 = cuda::launch_graph_stats();
+    EXPECT_EQ(st2.failed_call, nullptr) << failed(st2);
+    EXPECT_EQ(st2.graphs - st1.graphs, 1);
+    EXPECT_EQ(st2.graph_launches - st1.graph_launches, 1);
+    EXPECT_TRUE(same_bits(c.o.buf, o_direct)) << "o differs between the graph and the launches one by one";
+    EXPECT_TRUE(same_bits(c.fin.buf, fin_direct)) << "the final state differs between the graph and the launches one by one";
+
+    // split_graph = false: never a graph.
+    for (int i = 0; i < 2; ++i) pd.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
+    GDN_CUDA(cudaStreamSynchronize(nullptr));
+    const cuda::LaunchGraphStats st3 = cuda::launch_graph_stats();
+    EXPECT_EQ(st3.graphs, st2.graphs);
+    EXPECT_EQ(st3.graph_launches, st2.graph_launches);
+
+    // New inputs and another workspace: the graph takes the call's arguments. Another stream gets
+    // a graph of its own at its second call.
+    c.spec.seed += 100;
+    test::fill_inputs(c);
+    c.poison_outputs();
+    const test::Reference ref2 = test::run_reference(c);
+    d.upload();
+    const test::DeviceWorkspace w2(pg);
+    pg.run(d.tensors(), w2.ptr(), w2.bytes(), nullptr);
+    d.download();
+    check_downloaded("split, the graph reused", c, ref2, pg);
+    for (int i = 0; i < 2; ++i) {
+      c.poison_outputs();
+      d.upload(s1);
+      pg.run(d.tensors(), w.ptr(), w.bytes(), s1);
+      d.download(s1);
+      check_downloaded(i == 0 ? "split, a second stream, first call" : "split, a second stream's graph", c, ref2, pg);
+    }
+    const cuda::LaunchGraphStats st4 = cuda::launch_graph_stats();
+    EXPECT_EQ(st4.graphs - st3.graphs, 1);
+    EXPECT_EQ(st4.graph_launches - st3.graph_launches, 2);
+    EXPECT_EQ(st4.failed_call, nullptr) << failed(st4);
+  }
+
+  // One plan, two threads, two streams, eight calls each: each stream's graph is set and launched
+  // under its own lock; both results right.
+  Spec sa = cp_spec({3000}, true, 128, 128, DType::bf16, 1744), sb = sa;
+  sb.seed = 1745;
+  sa.initial_state = sb.initial_state = true;
+  Case a = test::random_case(sa), b = test::random_case(sb);
+  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+  DeviceCase da(a), db(b);
+  gdnkit::Options o;
+  o.segments = 6;
+  const Plan plan = Plan::create(da.problem(), o);
+  const test::DeviceWorkspace wa(plan), wb(plan);
+  const cuda::LaunchGraphStats before = cuda::launch_graph_stats();
+  std::string errors[2];
+  auto calls = [&](DeviceCase& d, const test::DeviceWorkspace& w, cudaStream_t s, std::string& error) {
+    try {
+      for (int i = 0; i < 8; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), s);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  std::thread ta(calls, std::ref(da), std::cref(wa), s1, std::ref(errors[0]));
+  std::thread tb(calls, std::ref(db), std::cref(wb), s2, std::ref(errors[1]));
+  ta.join();
+  tb.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  da.download(s1);
+  db.download(s2);
+  check_downloaded("split, thread A's graph", a, ra, plan);
+  check_downloaded("split, thread B's graph", b, rb, plan);
+  const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
+  EXPECT_EQ(after.graphs - before.graphs, 2);  // each stream's first call one by one, then its graph
+  EXPECT_EQ(after.graph_launches - before.graph_launches, 14);
+  GDN_CUDA(cudaStreamDestroy(s1));
+  GDN_CUDA(cudaStreamDestroy(s2));
 }
 
 // What the planner picks on its own (metadata only: nothing runs), and the errors of a request

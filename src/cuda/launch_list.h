@@ -1,0 +1,131 @@
+// A call's kernel launches collected before any is made, so that they can be made one by one
+// (LaunchList::launch) or as one CUDA graph whose nodes only take new parameters per call
+// (LaunchGraphs): a split's three to five launches cost ~3 us of host time each, the graph ~4 us
+// in all (docs/perf-notes.md, "A split launched as one CUDA graph").
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <type_traits>
+
+namespace gdnkit::cuda {
+
+// One kernel launch: every launch of a list is a programmatic dependent launch (pdl_launch.h)
+// after the work ahead of it on the stream, in clusters of cluster_x CTAs along x when above 1.
+struct KernelLaunch {
+  static constexpr int kMaxArgs = 8;
+  const void* func = nullptr;
+  dim3 grid, block;
+  std::size_t smem = 0;
+  unsigned cluster_x = 1;
+  int num_args = 0;
+  void* args[kMaxArgs] = {};  // each points at its value in the list's storage
+};
+
+class LaunchList {
+ public:
+  static constexpr int kMaxLaunches = 5;  // the builder, the stop points, stage 1, the scan, the correction
+  static constexpr std::size_t kArgBytes = 4096;
+
+  LaunchList() = default;
+  LaunchList(const LaunchList&) = delete;  // the launches point into storage_
+  LaunchList& operator=(const LaunchList&) = delete;
+
+  // Appends a launch of kernel with args converted to its parameter types (copied). False when
+  // the list or its storage is full.
+  template <typename... Params, typename... Args>
+  bool add(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, Args... args) {
+    static_assert(sizeof...(Params) == sizeof...(Args), "one argument per parameter");
+    static_assert(sizeof...(Params) <= KernelLaunch::kMaxArgs, "KernelLaunch::kMaxArgs");
+    KernelLaunch* const l = begin_launch(reinterpret_cast<const void*>(kernel), grid, block, smem, 1);
+    if (l == nullptr) return false;
+    bool ok = true;
+    ((ok = ok && push<std::decay_t<Params>>(*l, static_cast<std::decay_t<Params>>(args))), ...);
+    return ok && end_launch();
+  }
+  // Appends a launch of func, a kernel of one parameter: `bytes` bytes at arg, copied.
+  bool add_block(const void* func, dim3 grid, dim3 block, std::size_t smem, unsigned cluster_x, const void* arg,
+                 std::size_t bytes, std::size_t align);
+
+  int size() const { return count_; }
+  const KernelLaunch& operator[](int i) const { return launches_[i]; }
+
+  // Makes the launches on stream one by one; the first error stops it (launches before it stand).
+  cudaError_t launch(cudaStream_t stream) const;
+
+ private:
+  KernelLaunch* begin_launch(const void* func, dim3 grid, dim3 block, std::size_t smem, unsigned cluster_x);
+  bool end_launch();
+  template <typename T>
+  bool push(KernelLaunch& l, const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>, "kernel arguments are copied as bytes");
+    return push_bytes(l, &value, sizeof(T), alignof(T));
+  }
+  bool push_bytes(KernelLaunch& l, const void* src, std::size_t bytes, std::size_t align);
+
+  alignas(128) unsigned char storage_[kArgBytes];
+  std::size_t used_ = 0;
+  KernelLaunch launches_[kMaxLaunches];
+  int count_ = 0;
+  bool open_ = false;  // a launch begun and not yet ended
+};
+
+// CUDA graphs of one plan's launch lists: one graph per (stream, list shape), captured at the
+// shape's second call on that stream (the first launches one by one); each later call sets the
+// nodes' grids, shared memory and arguments (cudaGraphExecKernelNodeSetParams) and launches it. One graph per stream, because a
+// graph's launches are ordered behind its earlier ones: concurrent streams stay concurrent.
+// Thread-safe. A stream that is capturing gets the launches one by one (they join the caller's
+// graph), as do streams beyond the first kMaxGraphs, every call after a graph of its shape could
+// not be built kMaxTries times, and a call whose arguments the graph refuses (the first refusal
+// of any of these is kept: launch_graph_stats).
+class LaunchGraphs {
+ public:
+  static constexpr int kMaxGraphs = 64;
+  static constexpr int kMaxTries = 3;  // builds of one graph before its calls stay one by one
+
+  LaunchGraphs() = default;
+  LaunchGraphs(const LaunchGraphs&) = delete;
+  LaunchGraphs& operator=(const LaunchGraphs&) = delete;
+  ~LaunchGraphs();  // in-flight launches finish (cudaGraphExecDestroy frees an exec once they have)
+
+  cudaError_t launch(const LaunchList& list, cudaStream_t stream);
+
+
+ private:
+  struct Graph {
+    cudaStream_t stream = nullptr;
+    int count = 0;
+    const void* funcs[LaunchList::kMaxLaunches] = {};
+    dim3 blocks[LaunchList::kMaxLaunches];
+    unsigned clusters[LaunchList::kMaxLaunches] = {};
+    cudaGraph_t graph = nullptr;                           // the captured launches
+    cudaGraphExec_t exec = nullptr;                        // nullptr: it could not be built
+    int tries = 0;
+    cudaGraphNode_t nodes[LaunchList::kMaxLaunches] = {};  // in launch order
+    const void* node_funcs[LaunchList::kMaxLaunches] = {};  // as the captured nodes name them
+    std::mutex mutex;                                       // setting the nodes and launching
+  };
+  bool matches(const Graph& g, const LaunchList& list, cudaStream_t stream) const;
+  Graph* find_or_build(const LaunchList& list, cudaStream_t stream);
+  bool build(Graph& g, const LaunchList& list);
+
+  std::mutex mutex_;           // graphs_, capture_
+  std::deque<Graph> graphs_;  // never shrinks while the object lives: Graph* stay valid
+  cudaStream_t capture_ = nullptr;
+};
+
+// Counts over every LaunchGraphs of the process (for tests and probes).
+struct LaunchGraphStats {
+  long long graphs = 0;               // built
+  long long graph_launches = 0;       // calls made through a graph
+  long long direct_launches = 0;      // calls made one launch at a time
+  const char* failed_call = nullptr;  // the CUDA call that first refused to build a graph, if one did
+  cudaError_t failed_error = cudaSuccess;
+};
+LaunchGraphStats launch_graph_stats();
+
+}  // namespace gdnkit::cuda
