@@ -8,7 +8,7 @@
 namespace gdnkit::cuda {
 
 namespace {
-std::atomic<long long> graphs_built{0}, graph_calls{0}, direct_calls{0};
+std::atomic<long long> graphs_built{0}, graph_calls{0}, direct_calls{0}, graph_nodes{0}, programmatic_edges{0};
 std::atomic<const char*> first_failed_call{nullptr};
 std::atomic<int> first_failed_error{cudaSuccess};
 
@@ -118,6 +118,7 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   if (n != static_cast<std::size_t>(list.size())) return fail("cudaGraphGetNodes (a node per launch)", cudaErrorUnknown);
   cudaGraphNode_t node = nullptr;
   std::size_t roots = 1;
+  long long edges = 0;  // programmatic ones (the launches' attribute, kept by the capture)
   if ((err = cudaGraphGetRootNodes(graph, &node, &roots)) != cudaSuccess || roots != 1)
     return fail("cudaGraphGetRootNodes (one root)", err != cudaSuccess ? err : cudaErrorUnknown);
   for (int i = 0; i < list.size(); ++i) {
@@ -135,6 +136,7 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
 #endif
     if (err != cudaSuccess) return fail("cudaGraphNodeGetDependentNodes", err);
     if (next_n != (i + 1 < list.size() ? 1u : 0u)) return fail("cudaGraphNodeGetDependentNodes (a chain)", cudaErrorUnknown);
+    edges += next_n == 1 && edge.type == cudaGraphDependencyTypeProgrammatic;
     node = next;
   }
   cudaGraphExec_t exec = nullptr;
@@ -142,6 +144,8 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   g.graph = graph;  // kept: the exec's nodes are named by the graph's (cudaGraphExecKernelNodeSetParams)
   g.exec = exec;
   graphs_built.fetch_add(1, std::memory_order_relaxed);
+  graph_nodes.fetch_add(list.size(), std::memory_order_relaxed);
+  programmatic_edges.fetch_add(edges, std::memory_order_relaxed);
   return true;
 }
 
@@ -208,6 +212,8 @@ LaunchGraphStats launch_graph_stats() {
   s.graphs = graphs_built.load(std::memory_order_relaxed);
   s.graph_launches = graph_calls.load(std::memory_order_relaxed);
   s.direct_launches = direct_calls.load(std::memory_order_relaxed);
+  s.nodes = graph_nodes.load(std::memory_order_relaxed);
+  s.programmatic_edges = programmatic_edges.load(std::memory_order_relaxed);
   s.failed_call = first_failed_call.load();
   s.failed_error = static_cast<cudaError_t>(first_failed_error.load());
   return s;

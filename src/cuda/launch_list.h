@@ -122,7 +122,9 @@ class LaunchGraphs {
 struct LaunchGraphStats {
   long long graphs = 0;               // built
   long long graph_launches = 0;       // calls made through a graph
-  long long direct_launches = 0;      // calls made one launch at a time
+  long long direct_launches = 0;      // calls made one launch at a time (by a LaunchGraphs)
+  long long nodes = 0;                // in the graphs built (a kernel each)
+  long long programmatic_edges = 0;   // between them (a chain: nodes - graphs edges in all)
   const char* failed_call = nullptr;  // the CUDA call that first refused to build a graph, if one did
   cudaError_t failed_error = cudaSuccess;
 };

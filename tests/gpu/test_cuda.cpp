@@ -1494,6 +1494,9 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     EXPECT_EQ(st2.failed_call, nullptr) << failed(st2);
     EXPECT_EQ(st2.graphs - st1.graphs, 1);
     EXPECT_EQ(st2.graph_launches - st1.graph_launches, 1);
+    // Every launch after the first is programmatic; the graph keeps that on its edges.
+    EXPECT_GE(st2.nodes - st1.nodes, 2);
+    EXPECT_EQ(st2.programmatic_edges - st1.programmatic_edges, st2.nodes - st1.nodes - 1);
     EXPECT_TRUE(same_bits(c.o.buf, o_direct)) << "o differs between the graph and the launches one by one";
     EXPECT_TRUE(same_bits(c.fin.buf, fin_direct)) << "the final state differs between the graph and the launches one by one";
 
