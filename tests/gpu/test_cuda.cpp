@@ -786,51 +786,50 @@ std::pair<Spec, Spec> two_specs(std::uint64_t seed) {
   return {sa, sb};
 }
 
-TEST_F(Cuda, TwoStreams) {
-  const auto [sa, sb] = two_specs(1300);
-  Case a = test::random_case(sa), b = test::random_case(sb);
-  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
-  DeviceCase da(a), db(b);
-  const Plan pa = Plan::create(da.problem(), test::suite_options(da.problem())),
-             pb = Plan::create(db.problem(), test::suite_options(db.problem()));
-  run_on_two_streams(pa, da, pb, db);
-  check_downloaded("two streams: A", a, ra, pa);
-  check_downloaded("two streams: B", b, rb, pb);
+// Runs plan on d four times on a new stream of its own; meant for a new thread (one that has made
+// no CUDA call before: the driver's descriptor calls need the device's context current there, so
+// the workspace comes from the caller). Returns the error's text, "" for none.
+std::string run_four_calls(const Plan& plan, DeviceCase& d, const test::DeviceWorkspace& w) {
+  try {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
+    for (int i = 0; i < 4; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), s);
+    if (cudaStreamSynchronize(s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess)
+      throw std::runtime_error("stream synchronize");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
-// Two plans, each run only from a thread of its own (a thread that has made no CUDA call before:
-// the driver's descriptor calls need the device's context current there).
-TEST_F(Cuda, TwoThreads) {
-  const auto [sa, sb] = two_specs(1310);
+// Two unlike plans (two_specs) run at once: on two streams from this thread, or each from a
+// thread of its own at the same time.
+void check_two_plans(std::uint64_t seed, bool threads) {
+  const auto [sa, sb] = two_specs(seed);
   Case a = test::random_case(sa), b = test::random_case(sb);
   const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
   DeviceCase da(a), db(b);
   const Plan pa = Plan::create(da.problem(), test::suite_options(da.problem())),
              pb = Plan::create(db.problem(), test::suite_options(db.problem()));
-  const test::DeviceWorkspace wa(pa), wb(pb);
-  std::string errors[2];
-  auto calls = [](const Plan& plan, DeviceCase& d, const test::DeviceWorkspace& w, std::string& error) {
-    try {
-      cudaStream_t s = nullptr;
-      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
-      for (int i = 0; i < 4; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), s);
-      if (cudaStreamSynchronize(s) != cudaSuccess || cudaStreamDestroy(s) != cudaSuccess)
-        throw std::runtime_error("stream synchronize");
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  };
-  std::thread ta(calls, std::cref(pa), std::ref(da), std::cref(wa), std::ref(errors[0]));
-  std::thread tb(calls, std::cref(pb), std::ref(db), std::cref(wb), std::ref(errors[1]));
-  ta.join();
-  tb.join();
-  EXPECT_EQ(errors[0], "") << pa.kernel_name();
-  EXPECT_EQ(errors[1], "") << pb.kernel_name();
-  da.download();
-  db.download();
-  check_downloaded("two threads: A", a, ra, pa);
-  check_downloaded("two threads: B", b, rb, pb);
+  if (threads) {
+    const test::DeviceWorkspace wa(pa), wb(pb);
+    std::string ea, eb;
+    std::thread ta([&] { ea = run_four_calls(pa, da, wa); }), tb([&] { eb = run_four_calls(pb, db, wb); });
+    ta.join();
+    tb.join();
+    EXPECT_EQ(ea, "") << pa.kernel_name();
+    EXPECT_EQ(eb, "") << pb.kernel_name();
+    da.download();
+    db.download();
+  } else {
+    run_on_two_streams(pa, da, pb, db);
+  }
+  check_downloaded(threads ? "two threads: A" : "two streams: A", a, ra, pa);
+  check_downloaded(threads ? "two threads: B" : "two streams: B", b, rb, pb);
 }
+
+TEST_F(Cuda, TwoStreams) { check_two_plans(1300, false); }
+TEST_F(Cuda, TwoThreads) { check_two_plans(1310, true); }
 
 // plan.run on d captured once into a CUDA graph, on a stream and with a workspace of its own;
 // replay() launches the graph on that stream.
