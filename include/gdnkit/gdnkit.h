@@ -131,8 +131,9 @@ struct Options {
   // host against 9-12 us one by one. The cost: the graph's first kernel cannot start early behind
   // the kernel ahead of it on the stream, as a programmatic launch does, about 1-4 us of device
   // time per call back to back (docs/perf-notes.md, "A split launched as one CUDA graph"). On a
-  // stream that is being captured, and with false, the launches are made one by one. No effect
-  // without a split.
+  // stream that is being captured, and with false, the launches are made one by one. Building
+  // the graph leaves alone any stream another thread (or this one) is capturing, in any capture
+  // mode; cudaStreamPerThread gets a graph per thread. No effect without a split.
   bool split_graph = true;
 };
 

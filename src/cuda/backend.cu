@@ -13,6 +13,7 @@
 
 #include "common/host_stamps.h"
 #include "cuda/backend.h"
+#include "cuda/capture_mode.h"
 #include "cuda/chunked.h"
 #include "cuda/cp.h"
 #include "cuda/launch_list.h"
@@ -435,8 +436,12 @@ bool call_fused_maps(const Config& c, const ChunkedParams& p, DType dtype, int d
   };
   if (once()) return true;
   // A thread's first call: the driver wants the device's context current, and the runtime makes
-  // it so only at a call that needs it. cudaFree(nullptr) is such a call and does nothing else.
-  cudaFree(nullptr);
+  // it so only at a call that needs it. cudaFree(nullptr) is such a call and does nothing else;
+  // stream capture counts it as unsafe, hence the relaxed mode (capture_mode.h).
+  {
+    const RelaxedCaptureMode relaxed;
+    cudaFree(nullptr);
+  }
   cudaGetLastError();
   return once();
 }

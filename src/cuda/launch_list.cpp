@@ -1,6 +1,7 @@
 // Launch lists and their graphs (launch_list.h).
 #include "cuda/launch_list.h"
 
+#include "cuda/capture_mode.h"
 #include "cuda/pdl_launch.h"
 
 #include <atomic>
@@ -80,6 +81,7 @@ LaunchGraphs::~LaunchGraphs() {
 
 bool LaunchGraphs::matches(const Graph& g, const LaunchList& list, cudaStream_t stream) const {
   if (g.stream != stream || g.count != list.size()) return false;
+  if (stream == cudaStreamPerThread && g.thread != std::this_thread::get_id()) return false;
   for (int i = 0; i < g.count; ++i) {
     const KernelLaunch& l = list[i];
     if (g.funcs[i] != l.func || g.clusters[i] != l.cluster_x || g.blocks[i].x != l.block.x ||
@@ -92,6 +94,9 @@ bool LaunchGraphs::matches(const Graph& g, const LaunchList& list, cudaStream_t 
 // Captures list's launches on a private stream (the caller's may be the legacy stream, which
 // cannot be captured) and instantiates them; the nodes form a chain in launch order. mutex_ held.
 bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
+  // A capture in global mode on any thread (this one's own on another stream included) must
+  // neither refuse these calls nor be broken by them.
+  const RelaxedCaptureMode relaxed;
   cudaGraph_t graph = nullptr;
   auto fail = [&](const char* call, cudaError_t err) {
     note_failure(call, err);
@@ -153,8 +158,7 @@ LaunchGraphs::Graph* LaunchGraphs::find_or_build(const LaunchList& list, cudaStr
   std::lock_guard<std::mutex> lock(mutex_);
   for (Graph& g : graphs_)
     if (matches(g, list, stream)) {
-      // Built at the second call (a refusal may pass, e.g. another thread's capture in global
-      // mode: a few more tries).
+      // Built at the second call (a refusal may pass: a few more tries).
       if (g.exec == nullptr && g.tries < kMaxTries) {
         ++g.tries;
         build(g, list);
@@ -166,6 +170,7 @@ LaunchGraphs::Graph* LaunchGraphs::find_or_build(const LaunchList& list, cudaStr
   // problem size each call, say) never pays the capture (~15-20 us of host time).
   Graph& g = graphs_.emplace_back();
   g.stream = stream;
+  g.thread = std::this_thread::get_id();
   g.count = list.size();
   for (int i = 0; i < g.count; ++i) {
     g.funcs[i] = list[i].func;

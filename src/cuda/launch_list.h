@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 
 namespace gdnkit::cuda {
@@ -77,7 +78,8 @@ class LaunchList {
 // CUDA graphs of one plan's launch lists: one graph per (stream, list shape), captured at the
 // shape's second call on that stream (the first launches one by one); each later call sets the
 // nodes' grids, shared memory and arguments (cudaGraphExecKernelNodeSetParams) and launches it. One graph per stream, because a
-// graph's launches are ordered behind its earlier ones: concurrent streams stay concurrent.
+// graph's launches are ordered behind its earlier ones: concurrent streams stay concurrent (so
+// cudaStreamPerThread, one handle for a stream per thread, gets a graph per thread).
 // Thread-safe. A stream that is capturing gets the launches one by one (they join the caller's
 // graph), as do streams beyond the first kMaxGraphs, every call after a graph of its shape could
 // not be built kMaxTries times, and a call whose arguments the graph refuses (the first refusal
@@ -98,6 +100,7 @@ class LaunchGraphs {
  private:
   struct Graph {
     cudaStream_t stream = nullptr;
+    std::thread::id thread;  // the thread that made the first call (told apart on cudaStreamPerThread only)
     int count = 0;
     const void* funcs[LaunchList::kMaxLaunches] = {};
     dim3 blocks[LaunchList::kMaxLaunches];

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -1562,6 +1563,182 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
   EXPECT_EQ(after.graph_launches - before.graph_launches, 14);
   GDN_CUDA(cudaStreamDestroy(s1));
   GDN_CUDA(cudaStreamDestroy(s2));
+}
+
+// A stream captured in global mode (PyTorch's default) while split plans build their graphs,
+// on this thread and on others: the capture comes through whole, as does each plan's result. The
+// library's calls that capture counts as unsafe (the build; the context bound at a new thread's
+// first call) run in relaxed mode; in the default mode they are refused and break the capture.
+class GlobalCapture {
+ public:
+  GlobalCapture() {
+    GDN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    GDN_CUDA(cudaMalloc(&marker_, kBytes));
+    GDN_CUDA(cudaMemset(marker_, 0, kBytes));
+  }
+  ~GlobalCapture() {
+    cudaFree(marker_);
+    cudaStreamDestroy(stream_);
+  }
+  GlobalCapture(const GlobalCapture&) = delete;
+  GlobalCapture& operator=(const GlobalCapture&) = delete;
+  void begin() {
+    GDN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    GDN_CUDA(cudaMemsetAsync(marker_, 0x5a, kBytes, stream_));
+  }
+  // Ends the capture; "" when it came through and its replay set the marker.
+  std::string end() {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (err != cudaSuccess) return std::string("cudaStreamEndCapture: ") + cudaGetErrorName(err);
+    cudaGraphExec_t exec = nullptr;
+    std::string out;
+    unsigned char host[kBytes] = {};
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess || cudaGraphLaunch(exec, stream_) != cudaSuccess ||
+        cudaMemcpyAsync(host, marker_, kBytes, cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
+        cudaStreamSynchronize(stream_) != cudaSuccess)
+      out = std::string("the captured graph's replay: ") + cudaGetErrorName(cudaGetLastError());
+    else if (std::count(host, host + kBytes, 0x5a) != static_cast<std::ptrdiff_t>(kBytes))
+      out = "the captured graph did not set the marker";
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t kBytes = 256;
+  cudaStream_t stream_ = nullptr;
+  void* marker_ = nullptr;
+};
+
+TEST_F(Cuda, ContextParallelGraphBesideCapture) {
+  if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
+  Spec s = cp_spec({4096}, true, 128, 128, DType::bf16, 1750);
+  s.initial_state = true;
+  gdnkit::Options o;
+  o.segments = 8;
+  auto failed = [](const cuda::LaunchGraphStats& st) {
+    return std::string(st.failed_call != nullptr ? st.failed_call : "none") + ": " + cudaGetErrorName(st.failed_error);
+  };
+  // Two calls of a new plan on stream (one by one, then the graph's build and launch); the error's
+  // text, "" for none.
+  auto two_calls = [](const Plan& plan, DeviceCase& d, const test::DeviceWorkspace& w, cudaStream_t stream) {
+    try {
+      for (int i = 0; i < 2; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), stream);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+
+  // This thread captures a stream of its own while it runs the plan on another.
+  {
+    Case c = test::random_case(s);
+    const test::Reference ref = test::run_reference(c);
+    DeviceCase d(c);
+    const Plan plan = Plan::create(d.problem(), o);
+    ASSERT_NE(std::string(plan.kernel_name()).find("-cp"), std::string::npos) << plan.kernel_name();
+    const test::DeviceWorkspace w(plan);
+    cudaStream_t stream = nullptr;
+    GDN_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    d.upload(stream);
+    GlobalCapture capture;
+    const cuda::LaunchGraphStats before = cuda::launch_graph_stats();
+    capture.begin();
+    const std::string error = two_calls(plan, d, w, stream);
+    EXPECT_EQ(capture.end(), "") << "the capture on this thread";
+    EXPECT_EQ(error, "");
+    const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
+    EXPECT_EQ(after.graphs - before.graphs, 1) << failed(after);
+    EXPECT_EQ(after.graph_launches - before.graph_launches, 1);
+    EXPECT_EQ(after.failed_call, before.failed_call) << failed(after);
+    d.download(stream);
+    check_downloaded("split beside this thread's capture", c, ref, plan);
+    GDN_CUDA(cudaStreamDestroy(stream));
+  }
+
+  // Another thread captures while this thread, and a new thread (its first CUDA call is the
+  // plan's), run plans.
+  {
+    Case a = test::random_case(s);
+    s.seed = 1751;
+    Case b = test::random_case(s);
+    const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+    DeviceCase da(a), db(b);
+    const Plan pa = Plan::create(da.problem(), o), pb = Plan::create(db.problem(), o);
+    const test::DeviceWorkspace wa(pa), wb(pb);
+    cudaStream_t sa = nullptr, sb = nullptr;
+    GDN_CUDA(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+    GDN_CUDA(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+    da.upload(sa);
+    db.upload(sb);
+    GlobalCapture capture;
+    const cuda::LaunchGraphStats before = cuda::launch_graph_stats();
+    std::promise<void> begun, done;
+    std::string capture_error;
+    std::thread capturer([&] {
+      capture.begin();
+      begun.set_value();
+      done.get_future().wait();
+      capture_error = capture.end();
+    });
+    begun.get_future().wait();
+    std::string error_b;
+    std::thread fresh([&] { error_b = two_calls(pb, db, wb, sb); });
+    const std::string error_a = two_calls(pa, da, wa, sa);
+    fresh.join();
+    done.set_value();
+    capturer.join();
+    EXPECT_EQ(capture_error, "") << "the capture on another thread";
+    EXPECT_EQ(error_a, "");
+    EXPECT_EQ(error_b, "");
+    const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
+    EXPECT_EQ(after.graphs - before.graphs, 2) << failed(after);
+    EXPECT_EQ(after.failed_call, before.failed_call) << failed(after);
+    da.download(sa);
+    db.download(sb);
+    check_downloaded("split beside another thread's capture", a, ra, pa);
+    check_downloaded("split on a new thread beside another thread's capture", b, rb, pb);
+    GDN_CUDA(cudaStreamDestroy(sa));
+    GDN_CUDA(cudaStreamDestroy(sb));
+  }
+
+  // cudaStreamPerThread names another stream on each thread: one plan, two threads, a graph each
+  // (one graph between them would order each thread's calls behind the other's).
+  {
+    Case a = test::random_case(s);
+    s.seed = 1752;
+    Case b = test::random_case(s);
+    const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+    DeviceCase da(a), db(b);
+    const Plan plan = Plan::create(da.problem(), o);
+    const test::DeviceWorkspace wa(plan), wb(plan);
+    da.upload();
+    db.upload();
+    const cuda::LaunchGraphStats before = cuda::launch_graph_stats();
+    auto three_calls = [&](DeviceCase& d, const test::DeviceWorkspace& w, std::string& error) {
+      try {
+        for (int i = 0; i < 3; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), cudaStreamPerThread);
+        if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) throw std::runtime_error("synchronize");
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    };
+    std::string ea, eb;
+    std::thread ta(three_calls, std::ref(da), std::cref(wa), std::ref(ea));
+    std::thread tb(three_calls, std::ref(db), std::cref(wb), std::ref(eb));
+    ta.join();
+    tb.join();
+    EXPECT_EQ(ea, "");
+    EXPECT_EQ(eb, "");
+    const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
+    EXPECT_EQ(after.graphs - before.graphs, 2) << failed(after);
+    EXPECT_EQ(after.graph_launches - before.graph_launches, 4);
+    da.download();
+    db.download();
+    check_downloaded("split on thread A's per-thread stream", a, ra, plan);
+    check_downloaded("split on thread B's per-thread stream", b, rb, plan);
+  }
 }
 
 // What the planner picks on its own (metadata only: nothing runs), and the errors of a request
