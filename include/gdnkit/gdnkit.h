@@ -126,14 +126,15 @@ struct Options {
   // does. No effect where no sequence is split (and on the CPU backend).
   float split_decay_cutoff = 0.0f;
   // A split call's three to five launches: true (the default) makes them as one CUDA graph that
-  // the plan captures at its second call on a stream (up to 64 streams; the first call launches
-  // one by one) and then reuses with each call's arguments: about 5-7 us of host time on an H100
-  // host against 9-12 us one by one. The cost: the graph's first kernel cannot start early behind
-  // the kernel ahead of it on the stream, as a programmatic launch does, about 1-4 us of device
-  // time per call back to back (docs/perf-notes.md, "A split launched as one CUDA graph"). On a
-  // stream that is being captured, and with false, the launches are made one by one. Building
-  // the graph leaves alone any stream another thread (or this one) is capturing, in any capture
-  // mode; cudaStreamPerThread gets a graph per thread. No effect without a split.
+  // the plan captures at its second call on a stream (the first call launches one by one; a plan
+  // keeps the graphs of its 64 most recently used streams) and then reuses with each call's
+  // arguments: about 5-7 us of host time on an H100 host against 9-12 us one by one. The cost:
+  // the graph's first kernel cannot start early behind the kernel ahead of it on the stream, as a
+  // programmatic launch does, about 1-4 us of device time per call back to back
+  // (docs/perf-notes.md, "A split launched as one CUDA graph"). On a stream that is being
+  // captured, and with false, the launches are made one by one. Building and launching the graph
+  // leaves alone any stream another thread (or this one) is capturing, in any capture mode;
+  // cudaStreamPerThread gets a graph per thread. No effect without a split.
   bool split_graph = true;
 };
 

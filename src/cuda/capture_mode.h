@@ -1,9 +1,10 @@
-// This thread's stream-capture interaction mode set to relaxed for a scope, for the library's few
-// calls that stream capture counts as unsafe (building a split's graph, binding a thread's
-// context). In the default (global) mode such a call, made while any thread captures a stream in
-// global mode (PyTorch's default), is refused and breaks that capture, the caller's graph. The
-// calls are unsafe only in general (an allocation that a replay would not repeat): these capture
-// nothing of the caller's and keep nothing a replay needs.
+// This thread's stream-capture interaction mode set to relaxed for a scope, around the library's
+// few calls that stream capture may count as unsafe: binding a thread's context (cudaFree), and
+// building, setting and launching a split's graph (instantiating and uploading may allocate). In the
+// default (global) mode such a call, made while any thread captures a stream in global mode
+// (PyTorch's default), is refused and breaks that capture, the caller's graph. They are unsafe
+// only in general (an allocation that a replay of the caller's graph would not repeat): these
+// touch no stream being captured and leave nothing a replay needs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,9 +13,12 @@ namespace gdnkit::cuda {
 
 class RelaxedCaptureMode {
  public:
-  RelaxedCaptureMode() : set_(cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) {}
+  RelaxedCaptureMode() : set_(cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) {
+    if (!set_) cudaGetLastError();  // only the error this call left
+  }
   ~RelaxedCaptureMode() {
-    if (set_) cudaThreadExchangeStreamCaptureMode(&mode_);  // the thread's mode as it was
+    if (set_ && cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess)  // the thread's mode as it was
+      cudaGetLastError();
   }
   RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;

@@ -9,13 +9,19 @@
 namespace gdnkit::cuda {
 
 namespace {
-std::atomic<long long> graphs_built{0}, graph_calls{0}, direct_calls{0}, graph_nodes{0}, programmatic_edges{0};
-std::atomic<const char*> first_failed_call{nullptr};
-std::atomic<int> first_failed_error{cudaSuccess};
+std::atomic<long long> graphs_built{0}, graph_calls{0}, direct_calls{0}, graph_nodes{0}, programmatic_edges{0},
+    evictions{0}, failures{0};
+std::mutex first_failure_mutex;
+const char* first_failed_call = nullptr;
+cudaError_t first_failed_error = cudaSuccess;
 
 void note_failure(const char* call, cudaError_t err) {
-  const char* none = nullptr;
-  if (first_failed_call.compare_exchange_strong(none, call)) first_failed_error.store(err);
+  failures.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(first_failure_mutex);
+  if (first_failed_call == nullptr) {
+    first_failed_call = call;
+    first_failed_error = err;
+  }
 }
 }  // namespace
 
@@ -68,15 +74,19 @@ cudaError_t LaunchList::launch(cudaStream_t stream) const {
   return cudaSuccess;
 }
 
+void LaunchGraphs::Graph::release() {
+  bool failed = false;
+  if (exec != nullptr) failed |= cudaGraphExecDestroy(exec) != cudaSuccess;  // in-flight launches finish first
+  if (graph != nullptr) failed |= cudaGraphDestroy(graph) != cudaSuccess;
+  if (failed) cudaGetLastError();  // only the error these calls left
+  exec = nullptr;
+  graph = nullptr;
+}
+
 LaunchGraphs::~LaunchGraphs() {
   // Errors are ignored: at exit the runtime may already be unloading.
-  for (Graph& g : graphs_)
-    if (g.exec != nullptr) {
-      cudaGraphExecDestroy(g.exec);
-      cudaGraphDestroy(g.graph);
-    }
-  if (capture_ != nullptr) cudaStreamDestroy(capture_);
-  cudaGetLastError();
+  for (Graph& g : graphs_) g.release();
+  if (capture_ != nullptr && cudaStreamDestroy(capture_) != cudaSuccess) cudaGetLastError();
 }
 
 bool LaunchGraphs::matches(const Graph& g, const LaunchList& list, cudaStream_t stream) const {
@@ -92,7 +102,8 @@ bool LaunchGraphs::matches(const Graph& g, const LaunchList& list, cudaStream_t 
 }
 
 // Captures list's launches on a private stream (the caller's may be the legacy stream, which
-// cannot be captured) and instantiates them; the nodes form a chain in launch order. mutex_ held.
+// cannot be captured), instantiates them and uploads the result (so that no launch of it
+// allocates); the nodes form a chain in launch order. mutex_ held.
 bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   // A capture in global mode on any thread (this one's own on another stream included) must
   // neither refuse these calls nor be broken by them.
@@ -118,20 +129,30 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   if (launch_err != cudaSuccess) return fail("cudaLaunchKernelExC (under capture)", launch_err);
   if (err != cudaSuccess) return fail("cudaStreamEndCapture", err);
 
-  std::size_t n = 0;
+  // The nodes, walked from the one root along the one dependent of each (counts asked first: a
+  // query with room for one would truncate a larger count to one).
+  std::size_t n = 0, roots = 0;
   if ((err = cudaGraphGetNodes(graph, nullptr, &n)) != cudaSuccess) return fail("cudaGraphGetNodes", err);
   if (n != static_cast<std::size_t>(list.size())) return fail("cudaGraphGetNodes (a node per launch)", cudaErrorUnknown);
-  cudaGraphNode_t node = nullptr;
-  std::size_t roots = 1;
-  long long edges = 0;  // programmatic ones (the launches' attribute, kept by the capture)
-  if ((err = cudaGraphGetRootNodes(graph, &node, &roots)) != cudaSuccess || roots != 1)
+  if ((err = cudaGraphGetRootNodes(graph, nullptr, &roots)) != cudaSuccess || roots != 1)
     return fail("cudaGraphGetRootNodes (one root)", err != cudaSuccess ? err : cudaErrorUnknown);
+  cudaGraphNode_t node = nullptr;
+  if ((err = cudaGraphGetRootNodes(graph, &node, &roots)) != cudaSuccess) return fail("cudaGraphGetRootNodes", err);
+  long long edges = 0;  // programmatic ones (the launches' attribute, kept by the capture)
   for (int i = 0; i < list.size(); ++i) {
     cudaKernelNodeParams kp{};
     if ((err = cudaGraphKernelNodeGetParams(node, &kp)) != cudaSuccess) return fail("cudaGraphKernelNodeGetParams", err);
     g.nodes[i] = node;
     g.node_funcs[i] = kp.func;
-    std::size_t next_n = 1;
+    std::size_t next_n = 0;
+#if CUDART_VERSION >= 13000
+    err = cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &next_n);
+#else
+    err = cudaGraphNodeGetDependentNodes_v2(node, nullptr, nullptr, &next_n);
+#endif
+    if (err != cudaSuccess) return fail("cudaGraphNodeGetDependentNodes", err);
+    if (next_n != (i + 1 < list.size() ? 1u : 0u)) return fail("cudaGraphNodeGetDependentNodes (a chain)", cudaErrorUnknown);
+    if (next_n == 0) break;
     cudaGraphNode_t next = nullptr;
     cudaGraphEdgeData edge{};
 #if CUDART_VERSION >= 13000
@@ -140,12 +161,15 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
     err = cudaGraphNodeGetDependentNodes_v2(node, &next, &edge, &next_n);
 #endif
     if (err != cudaSuccess) return fail("cudaGraphNodeGetDependentNodes", err);
-    if (next_n != (i + 1 < list.size() ? 1u : 0u)) return fail("cudaGraphNodeGetDependentNodes (a chain)", cudaErrorUnknown);
-    edges += next_n == 1 && edge.type == cudaGraphDependencyTypeProgrammatic;
+    edges += edge.type == cudaGraphDependencyTypeProgrammatic;
     node = next;
   }
   cudaGraphExec_t exec = nullptr;
   if ((err = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) return fail("cudaGraphInstantiate", err);
+  if ((err = cudaGraphUpload(exec, capture_)) != cudaSuccess) {
+    cudaGraphExecDestroy(exec);
+    return fail("cudaGraphUpload", err);
+  }
   g.graph = graph;  // kept: the exec's nodes are named by the graph's (cudaGraphExecKernelNodeSetParams)
   g.exec = exec;
   graphs_built.fetch_add(1, std::memory_order_relaxed);
@@ -156,60 +180,85 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
 
 LaunchGraphs::Graph* LaunchGraphs::find_or_build(const LaunchList& list, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
+  ++clock_;
   for (Graph& g : graphs_)
     if (matches(g, list, stream)) {
+      g.last_use = clock_;
       // Built at the second call (a refusal may pass: a few more tries).
       if (g.exec == nullptr && g.tries < kMaxTries) {
         ++g.tries;
+        std::lock_guard<std::mutex> graph_lock(g.mutex);
         build(g, list);
       }
-      return g.exec != nullptr ? &g : nullptr;  // built under mutex_, never changed after
+      return g.exec != nullptr ? &g : nullptr;  // launch() checks again under g.mutex
     }
-  if (graphs_.size() >= kMaxGraphs) return nullptr;
+  // A new (stream, shape): a new entry, or, once there are kMaxGraphs, the least recently used
+  // one taken over (streams destroyed, threads gone, shapes no longer called). Its graph is
+  // destroyed under its lock: a launch that found it before waits, then sees it no longer matches.
+  Graph* g = nullptr;
+  if (graphs_.size() < kMaxGraphs) {
+    g = &graphs_.emplace_back();
+  } else {
+    g = &graphs_.front();
+    for (Graph& e : graphs_)
+      if (e.last_use < g->last_use) g = &e;
+    evictions.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> graph_lock(g->mutex);
+  g->release();
   // The first call of a shape on a stream launches one by one: a plan that runs once (a new
   // problem size each call, say) never pays the capture (~15-20 us of host time).
-  Graph& g = graphs_.emplace_back();
-  g.stream = stream;
-  g.thread = std::this_thread::get_id();
-  g.count = list.size();
-  for (int i = 0; i < g.count; ++i) {
-    g.funcs[i] = list[i].func;
-    g.blocks[i] = list[i].block;
-    g.clusters[i] = list[i].cluster_x;
+  g->stream = stream;
+  g->thread = std::this_thread::get_id();
+  g->count = list.size();
+  for (int i = 0; i < g->count; ++i) {
+    g->funcs[i] = list[i].func;
+    g->blocks[i] = list[i].block;
+    g->clusters[i] = list[i].cluster_x;
   }
+  g->tries = 0;
+  g->last_use = clock_;
   return nullptr;
 }
 
 cudaError_t LaunchGraphs::launch(const LaunchList& list, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+  const cudaError_t query = cudaStreamIsCapturing(stream, &capture);
+  if (query != cudaSuccess) {
+    // E.g. the legacy stream while another stream that synchronises with it is captured: any
+    // launch there would break that capture. The caller reports the error.
     cudaGetLastError();
-    capture = cudaStreamCaptureStatusInvalidated;  // let the launches report what is wrong
+    return query;
   }
   Graph* const g = capture == cudaStreamCaptureStatusNone && list.size() > 0 ? find_or_build(list, stream) : nullptr;
-  if (g == nullptr) {
-    direct_calls.fetch_add(1, std::memory_order_relaxed);
-    return list.launch(stream);
-  }
-  std::lock_guard<std::mutex> lock(g->mutex);  // graph objects are not thread-safe
-  for (int i = 0; i < g->count; ++i) {
-    const KernelLaunch& l = list[i];
-    cudaKernelNodeParams kp{};
-    kp.func = const_cast<void*>(g->node_funcs[i]);
-    kp.gridDim = l.grid;
-    kp.blockDim = l.block;
-    kp.sharedMemBytes = static_cast<unsigned>(l.smem);
-    kp.kernelParams = const_cast<void**>(l.args);
-    const cudaError_t err = cudaGraphExecKernelNodeSetParams(g->exec, g->nodes[i], &kp);
-    if (err != cudaSuccess) {  // nothing launched yet: one by one, where the error, if real, recurs
+  if (g != nullptr) {
+    // Setting the nodes and launching in relaxed mode as well: a global-mode capture elsewhere
+    // neither refuses nor is broken by them.
+    const RelaxedCaptureMode relaxed;
+    std::lock_guard<std::mutex> lock(g->mutex);  // graph objects are not thread-safe
+    if (g->exec != nullptr && matches(*g, list, stream)) {  // not taken over since find_or_build
+      cudaError_t err = cudaSuccess;
+      for (int i = 0; i < g->count && err == cudaSuccess; ++i) {
+        const KernelLaunch& l = list[i];
+        cudaKernelNodeParams kp{};
+        kp.func = const_cast<void*>(g->node_funcs[i]);
+        kp.gridDim = l.grid;
+        kp.blockDim = l.block;
+        kp.sharedMemBytes = static_cast<unsigned>(l.smem);
+        kp.kernelParams = const_cast<void**>(l.args);
+        err = cudaGraphExecKernelNodeSetParams(g->exec, g->nodes[i], &kp);
+      }
+      if (err == cudaSuccess) {
+        graph_calls.fetch_add(1, std::memory_order_relaxed);
+        return cudaGraphLaunch(g->exec, stream);
+      }
+      // Nothing launched yet: one by one, where the error, if real, recurs.
       note_failure("cudaGraphExecKernelNodeSetParams", err);
       cudaGetLastError();
-      direct_calls.fetch_add(1, std::memory_order_relaxed);
-      return list.launch(stream);
     }
   }
-  graph_calls.fetch_add(1, std::memory_order_relaxed);
-  return cudaGraphLaunch(g->exec, stream);
+  direct_calls.fetch_add(1, std::memory_order_relaxed);
+  return list.launch(stream);
 }
 
 LaunchGraphStats launch_graph_stats() {
@@ -219,8 +268,11 @@ LaunchGraphStats launch_graph_stats() {
   s.direct_launches = direct_calls.load(std::memory_order_relaxed);
   s.nodes = graph_nodes.load(std::memory_order_relaxed);
   s.programmatic_edges = programmatic_edges.load(std::memory_order_relaxed);
-  s.failed_call = first_failed_call.load();
-  s.failed_error = static_cast<cudaError_t>(first_failed_error.load());
+  s.evictions = evictions.load(std::memory_order_relaxed);
+  s.failures = failures.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(first_failure_mutex);
+  s.failed_call = first_failed_call;
+  s.failed_error = first_failed_error;
   return s;
 }
 

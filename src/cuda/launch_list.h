@@ -77,13 +77,15 @@ class LaunchList {
 
 // CUDA graphs of one plan's launch lists: one graph per (stream, list shape), captured at the
 // shape's second call on that stream (the first launches one by one); each later call sets the
-// nodes' grids, shared memory and arguments (cudaGraphExecKernelNodeSetParams) and launches it. One graph per stream, because a
-// graph's launches are ordered behind its earlier ones: concurrent streams stay concurrent (so
-// cudaStreamPerThread, one handle for a stream per thread, gets a graph per thread).
-// Thread-safe. A stream that is capturing gets the launches one by one (they join the caller's
-// graph), as do streams beyond the first kMaxGraphs, every call after a graph of its shape could
-// not be built kMaxTries times, and a call whose arguments the graph refuses (the first refusal
-// of any of these is kept: launch_graph_stats).
+// nodes' grids, shared memory and arguments (cudaGraphExecKernelNodeSetParams) and launches it.
+// One graph per stream, because a graph's launches are ordered behind its earlier ones: concurrent
+// streams stay concurrent (so cudaStreamPerThread, one handle for a stream per thread, gets a graph
+// per thread). At most kMaxGraphs (stream, shape) pairs are kept; a new one takes over the least
+// recently used. Thread-safe. A stream that is capturing gets the launches one by one (they join
+// the caller's graph), as do every call after a graph of its shape could not be built kMaxTries
+// times and a call whose arguments the graph refuses (launch_graph_stats counts the refusals and
+// keeps the first). The calls that build, set and launch a graph run in relaxed capture mode
+// (capture_mode.h).
 class LaunchGraphs {
  public:
   static constexpr int kMaxGraphs = 64;
@@ -94,8 +96,10 @@ class LaunchGraphs {
   LaunchGraphs& operator=(const LaunchGraphs&) = delete;
   ~LaunchGraphs();  // in-flight launches finish (cudaGraphExecDestroy frees an exec once they have)
 
+  // Makes list's launches on stream, through a graph or one by one; the first error. An error of
+  // cudaStreamIsCapturing on stream (the legacy stream while a stream that synchronises with it is
+  // captured) is returned before any launch.
   cudaError_t launch(const LaunchList& list, cudaStream_t stream);
-
 
  private:
   struct Graph {
@@ -106,19 +110,22 @@ class LaunchGraphs {
     dim3 blocks[LaunchList::kMaxLaunches];
     unsigned clusters[LaunchList::kMaxLaunches] = {};
     cudaGraph_t graph = nullptr;                           // the captured launches
-    cudaGraphExec_t exec = nullptr;                        // nullptr: it could not be built
+    cudaGraphExec_t exec = nullptr;                        // nullptr: not built (yet, or it could not be)
     int tries = 0;
+    unsigned long long last_use = 0;                       // LaunchGraphs::clock_ at its last call
     cudaGraphNode_t nodes[LaunchList::kMaxLaunches] = {};  // in launch order
     const void* node_funcs[LaunchList::kMaxLaunches] = {};  // as the captured nodes name them
-    std::mutex mutex;                                       // setting the nodes and launching
+    std::mutex mutex;  // building, taking over, setting the nodes and launching
+    void release();    // destroys graph and exec
   };
   bool matches(const Graph& g, const LaunchList& list, cudaStream_t stream) const;
   Graph* find_or_build(const LaunchList& list, cudaStream_t stream);
   bool build(Graph& g, const LaunchList& list);
 
-  std::mutex mutex_;           // graphs_, capture_
-  std::deque<Graph> graphs_;  // never shrinks while the object lives: Graph* stay valid
+  std::mutex mutex_;           // graphs_ (which entry is whose), capture_, clock_; taken before a Graph's
+  std::deque<Graph> graphs_;   // never shrinks while the object lives: Graph* stay valid
   cudaStream_t capture_ = nullptr;
+  unsigned long long clock_ = 0;  // calls that looked for a graph
 };
 
 // Counts over every LaunchGraphs of the process (for tests and probes).
@@ -128,7 +135,9 @@ struct LaunchGraphStats {
   long long direct_launches = 0;      // calls made one launch at a time (by a LaunchGraphs)
   long long nodes = 0;                // in the graphs built (a kernel each)
   long long programmatic_edges = 0;   // between them (a chain: nodes - graphs edges in all)
-  const char* failed_call = nullptr;  // the CUDA call that first refused to build a graph, if one did
+  long long evictions = 0;            // (stream, shape) entries taken over by new ones
+  long long failures = 0;             // CUDA calls that refused to build a graph or set its nodes
+  const char* failed_call = nullptr;  // the first of them, if any
   cudaError_t failed_error = cudaSuccess;
 };
 LaunchGraphStats launch_graph_stats();

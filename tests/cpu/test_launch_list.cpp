@@ -93,4 +93,18 @@ TEST(LaunchList, RefusesBeyondItsStorage) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(arg<int>(list[1], i), i + 1);
 }
 
+// Storage is 128-byte aligned: an argument asking for more is refused (its launch dropped), and the
+// launches after it are kept as usual.
+TEST(LaunchList, RefusesAlignmentBeyondItsStorage) {
+  LaunchList list;
+  Wide w{};
+  w.bytes[0] = 5;
+  EXPECT_FALSE(list.add_block(reinterpret_cast<const void*>(&wide_arg), dim3(1), dim3(32), 0, 1, &w, sizeof w, 256));
+  EXPECT_EQ(list.size(), 0);
+  ASSERT_TRUE(list.add_block(reinterpret_cast<const void*>(&wide_arg), dim3(1), dim3(32), 0, 1, &w, sizeof w, 128));
+  ASSERT_EQ(list.size(), 1);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(list[0].args[0]) % 128, 0u);
+  EXPECT_EQ(static_cast<const unsigned char*>(list[0].args[0])[0], 5);
+}
+
 }  // namespace

@@ -1487,7 +1487,7 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     pg.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
     d.download();
     const cuda::LaunchGraphStats st2 = cuda::launch_graph_stats();
-    EXPECT_EQ(st2.failed_call, nullptr) << failed(st2);
+    EXPECT_EQ(st2.failures, st1.failures) << failed(st2);
     EXPECT_EQ(st2.graphs - st1.graphs, 1);
     EXPECT_EQ(st2.graph_launches - st1.graph_launches, 1);
     // Every launch after the first is programmatic; the graph keeps that on its edges.
@@ -1524,7 +1524,7 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     const cuda::LaunchGraphStats st4 = cuda::launch_graph_stats();
     EXPECT_EQ(st4.graphs - st3.graphs, 1);
     EXPECT_EQ(st4.graph_launches - st3.graph_launches, 2);
-    EXPECT_EQ(st4.failed_call, nullptr) << failed(st4);
+    EXPECT_EQ(st4.failures, st3.failures) << failed(st4);
   }
 
   // One plan, two threads, two streams, eight calls each: each stream's graph is set and launched
@@ -1651,7 +1651,11 @@ TEST_F(Cuda, ContextParallelGraphBesideCapture) {
     const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
     EXPECT_EQ(after.graphs - before.graphs, 1) << failed(after);
     EXPECT_EQ(after.graph_launches - before.graph_launches, 1);
-    EXPECT_EQ(after.failed_call, before.failed_call) << failed(after);
+    EXPECT_EQ(after.failures, before.failures) << failed(after);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the thread's mode is put back
+    GDN_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+    EXPECT_EQ(mode, cudaStreamCaptureModeGlobal);
+    GDN_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
     d.download(stream);
     check_downloaded("split beside this thread's capture", c, ref, plan);
     GDN_CUDA(cudaStreamDestroy(stream));
@@ -1677,10 +1681,14 @@ TEST_F(Cuda, ContextParallelGraphBesideCapture) {
     std::promise<void> begun, done;
     std::string capture_error;
     std::thread capturer([&] {
-      capture.begin();
+      try {
+        capture.begin();
+      } catch (const std::exception& e) {
+        capture_error = e.what();
+      }
       begun.set_value();
       done.get_future().wait();
-      capture_error = capture.end();
+      if (capture_error.empty()) capture_error = capture.end();
     });
     begun.get_future().wait();
     std::string error_b;
@@ -1694,7 +1702,7 @@ TEST_F(Cuda, ContextParallelGraphBesideCapture) {
     EXPECT_EQ(error_b, "");
     const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
     EXPECT_EQ(after.graphs - before.graphs, 2) << failed(after);
-    EXPECT_EQ(after.failed_call, before.failed_call) << failed(after);
+    EXPECT_EQ(after.failures, before.failures) << failed(after);
     da.download(sa);
     db.download(sb);
     check_downloaded("split beside another thread's capture", a, ra, pa);
@@ -1738,6 +1746,41 @@ TEST_F(Cuda, ContextParallelGraphBesideCapture) {
     db.download();
     check_downloaded("split on thread A's per-thread stream", a, ra, plan);
     check_downloaded("split on thread B's per-thread stream", b, rb, plan);
+  }
+
+  // More streams than a plan keeps graphs for: the newest take over the least recently used, and
+  // a stream whose graph was taken over starts again (one by one, then a graph of its own).
+  {
+    Case c = test::random_case(s);
+    const test::Reference ref = test::run_reference(c);
+    DeviceCase d(c);
+    const Plan plan = Plan::create(d.problem(), o);
+    const test::DeviceWorkspace w(plan);
+    d.upload();
+    constexpr int kStreams = cuda::LaunchGraphs::kMaxGraphs + 2;
+    std::vector<cudaStream_t> streams(kStreams);
+    for (cudaStream_t& st : streams) GDN_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const cuda::LaunchGraphStats before = cuda::launch_graph_stats();
+    for (cudaStream_t st : streams) {  // each stream's call after the previous stream's
+      for (int i = 0; i < 2; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), st);
+      GDN_CUDA(cudaStreamSynchronize(st));
+    }
+    const cuda::LaunchGraphStats mid = cuda::launch_graph_stats();
+    EXPECT_EQ(mid.graphs - before.graphs, kStreams) << failed(mid);
+    EXPECT_EQ(mid.evictions - before.evictions, kStreams - cuda::LaunchGraphs::kMaxGraphs);
+    EXPECT_EQ(mid.graph_launches - before.graph_launches, kStreams);
+    // The first stream's graph went to the last streams: a call one by one, then a new graph.
+    c.poison_outputs();
+    d.upload();
+    for (int i = 0; i < 2; ++i) plan.run(d.tensors(), w.ptr(), w.bytes(), streams[0]);
+    GDN_CUDA(cudaStreamSynchronize(streams[0]));
+    const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
+    EXPECT_EQ(after.graphs - mid.graphs, 1);
+    EXPECT_EQ(after.direct_launches - mid.direct_launches, 1);
+    EXPECT_EQ(after.failures, before.failures) << failed(after);
+    d.download();
+    check_downloaded("split after its stream's graph was taken over", c, ref, plan);
+    for (cudaStream_t st : streams) GDN_CUDA(cudaStreamDestroy(st));
   }
 }
 
