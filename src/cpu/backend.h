@@ -9,6 +9,7 @@ namespace gdnkit::cpu {
 
 struct Config {
   int threads = 1;
+  bool avx2 = false;  // the products on AVX2 + FMA (x86-64 CPUs that have them), else the SSE baseline
 };
 
 Config plan(const Problem& problem, const detail::Shape& shape, const Options& options);

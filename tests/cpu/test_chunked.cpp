@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -423,6 +424,47 @@ TEST(ChunkedCpu, ThreadsAndWorkspace) {
       EXPECT_EQ(test::gather_o(c), o0) << "threads=" << threads;
       EXPECT_EQ(test::gather_state(c), s0) << "threads=" << threads;
     }
+  }
+}
+
+// The products on AVX2 + FMA where the CPU has them, on SSE otherwise or with
+// GDNKIT_CPU_SIMD=baseline (read by Plan::create): both within the tolerances on shapes whose rows
+// and columns leave remainders (chunk tails, dv not a multiple of 8, dk 32), and on a CPU with AVX2
+// the two paths really differ (fused rounding), so each ran.
+TEST(ChunkedCpu, SimdPaths) {
+  struct Env {
+    explicit Env(const char* value) { setenv("GDNKIT_CPU_SIMD", value, 1); }
+    ~Env() { unsetenv("GDNKIT_CPU_SIMD"); }
+  };
+  int i = 0;
+  for (auto [dk, dv] : {std::pair{128, 128}, {64, 20}, {32, 44}}) {
+    Spec s;
+    s.lens = {150, 37, 1, 64};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = dk;
+    s.dv = dv;
+    s.initial_state = true;
+    s.final_state = true;
+    s.inputs = i == 2 ? Inputs::hard : Inputs::realistic;
+    s.seed = 1500 + i++;
+    const Errors fast = check_case(s);
+    std::vector<double> state_fast;
+    {
+      Case c = test::random_case(s);
+      test::run_host(c);
+      state_fast = test::gather_state(c);
+    }
+    const Env baseline("baseline");
+    const Errors sse = check_case(s);
+    Case c = test::random_case(s);
+    test::run_host(c);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+      EXPECT_NE(test::gather_state(c), state_fast) << "the baseline and AVX2 paths gave the same bits: one of them did not run";
+#endif
+    std::printf("SIMD dk=%d dv=%d: o %.3g (baseline %.3g), state %.3g (baseline %.3g)\n", dk, dv, fast.o, sse.o,
+                fast.state, sse.state);
   }
 }
 
