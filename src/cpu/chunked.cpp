@@ -134,18 +134,30 @@ constexpr int kVecs = NR / 4;  // Vecs per row of a register block
 // A[i][k] = A[i*ars + k*acs]; B is row-major with ldb; ncols is a multiple of NR and B and C
 // have at least that many columns. rs == nullptr means all ones.
 // Register block: R rows x NR columns of C in R * kVecs accumulators (8 of 16 SSE registers).
+// tri0 >= 0 (Tri::k_lower): row r takes k only up to tri0 + r, so the zeros above A's diagonal never
+// meet B's later rows (0 x NaN would carry a later token's NaN or inf into earlier rows).
 template <int R>
-inline void gemm_block(int kdim, const float* A, std::ptrdiff_t ars, std::ptrdiff_t acs,
+inline void gemm_block(int kdim, int tri0, const float* A, std::ptrdiff_t ars, std::ptrdiff_t acs,
                        const float* B, std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc,
                        const float* rs, float cs, bool accumulate) {
   Vec acc[R][kVecs];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = vbroadcast(0.0f);
-  for (int kk = 0; kk < kdim; ++kk) {
+  const int kfull = tri0 < 0 ? kdim : std::min(kdim, tri0);
+  for (int kk = 0; kk < kfull; ++kk) {
     const float* b = B + kk * ldb;
     Vec bv[kVecs];
     for (int v = 0; v < kVecs; ++v) bv[v] = vload(b + 4 * v);
     for (int r = 0; r < R; ++r) {
+      const Vec a = vbroadcast(A[r * ars + kk * acs]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += a * bv[v];
+    }
+  }
+  for (int kk = kfull; kk < kdim; ++kk) {  // the diagonal block's triangle
+    const float* b = B + kk * ldb;
+    Vec bv[kVecs];
+    for (int v = 0; v < kVecs; ++v) bv[v] = vload(b + 4 * v);
+    for (int r = kk - tri0; r < R; ++r) {
       const Vec a = vbroadcast(A[r * ars + kk * acs]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] += a * bv[v];
     }
@@ -165,18 +177,19 @@ void gemm(int m, int ncols, int kdim, const float* A, std::ptrdiff_t ars, std::p
           const float* B, std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc, const float* rs,
           float cs, bool accumulate, Tri tri) {
   // Column panels outermost: a kdim x NR panel of B stays in L1 while every row block uses it.
+  const bool kl = tri == Tri::k_lower;
   for (int j0 = 0; j0 < ncols; j0 += NR) {
     int i0 = 0;
     for (; i0 + MR <= m; i0 += MR) {
       if (tri == Tri::n_lower && j0 >= i0 + MR) continue;
-      const int kmax = tri == Tri::k_lower ? std::min(kdim, i0 + MR) : kdim;
-      gemm_block<MR>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+      const int kmax = kl ? std::min(kdim, i0 + MR) : kdim;
+      gemm_block<MR>(kmax, kl ? i0 : -1, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
                      rs ? rs + i0 : nullptr, cs, accumulate);
     }
     for (; i0 < m; ++i0) {
       if (tri == Tri::n_lower && j0 > i0) continue;
-      const int kmax = tri == Tri::k_lower ? std::min(kdim, i0 + 1) : kdim;
-      gemm_block<1>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+      const int kmax = kl ? std::min(kdim, i0 + 1) : kdim;
+      gemm_block<1>(kmax, kl ? i0 : -1, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
                     rs ? rs + i0 : nullptr, cs, accumulate);
     }
   }
@@ -186,16 +199,23 @@ void gemm(int m, int ncols, int kdim, const float* A, std::ptrdiff_t ars, std::p
 // gemm_block with one 8-wide AVX vector per row and fused multiply-adds: R rows x NR columns,
 // R accumulators (8 of 16 AVX registers at R = 8, enough to cover the FMA's latency).
 template <int R>
-__attribute__((target("avx2,fma"))) inline void gemm_block_avx2(int kdim, const float* A, std::ptrdiff_t ars,
-                                                                 std::ptrdiff_t acs, const float* B, std::ptrdiff_t ldb,
-                                                                 float* C, std::ptrdiff_t ldc, const float* rs,
-                                                                 float cs, bool accumulate) {
+__attribute__((target("avx2,fma"))) inline void gemm_block_avx2(int kdim, int tri0, const float* A,
+                                                                 std::ptrdiff_t ars, std::ptrdiff_t acs,
+                                                                 const float* B, std::ptrdiff_t ldb, float* C,
+                                                                 std::ptrdiff_t ldc, const float* rs, float cs,
+                                                                 bool accumulate) {
   static_assert(NR == 8, "one AVX vector per row");
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int kk = 0; kk < kdim; ++kk) {
+  const int kfull = tri0 < 0 ? kdim : std::min(kdim, tri0);
+  for (int kk = 0; kk < kfull; ++kk) {
     const __m256 b = _mm256_loadu_ps(B + kk * ldb);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(A[r * ars + kk * acs]), b, acc[r]);
+  }
+  for (int kk = kfull; kk < kdim; ++kk) {  // the diagonal block's triangle (gemm_block)
+    const __m256 b = _mm256_loadu_ps(B + kk * ldb);
+    for (int r = kk - tri0; r < R; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(A[r * ars + kk * acs]), b, acc[r]);
   }
   for (int r = 0; r < R; ++r) {
     float* crow = C + r * ldc;
@@ -210,24 +230,25 @@ __attribute__((target("avx2,fma"))) void gemm_avx2(int m, int ncols, int kdim, c
                                                     std::ptrdiff_t acs, const float* B, std::ptrdiff_t ldb, float* C,
                                                     std::ptrdiff_t ldc, const float* rs, float cs, bool accumulate,
                                                     Tri tri) {
+  const bool kl = tri == Tri::k_lower;
   for (int j0 = 0; j0 < ncols; j0 += NR) {
     auto rows = [&](int i0, int r) {  // skip, or the k range, of rows [i0, i0 + r)
       if (tri == Tri::n_lower && j0 >= i0 + r) return -1;
-      return tri == Tri::k_lower ? std::min(kdim, i0 + r) : kdim;
+      return kl ? std::min(kdim, i0 + r) : kdim;
     };
     int i0 = 0;
     for (; i0 + 8 <= m; i0 += 8)
       if (const int kmax = rows(i0, 8); kmax >= 0)
-        gemm_block_avx2<8>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc, rs ? rs + i0 : nullptr,
-                           cs, accumulate);
+        gemm_block_avx2<8>(kmax, kl ? i0 : -1, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+                           rs ? rs + i0 : nullptr, cs, accumulate);
     for (; i0 + 4 <= m; i0 += 4)
       if (const int kmax = rows(i0, 4); kmax >= 0)
-        gemm_block_avx2<4>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc, rs ? rs + i0 : nullptr,
-                           cs, accumulate);
+        gemm_block_avx2<4>(kmax, kl ? i0 : -1, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+                           rs ? rs + i0 : nullptr, cs, accumulate);
     for (; i0 < m; ++i0)
       if (const int kmax = rows(i0, 1); kmax >= 0)
-        gemm_block_avx2<1>(kmax, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc, rs ? rs + i0 : nullptr,
-                           cs, accumulate);
+        gemm_block_avx2<1>(kmax, kl ? i0 : -1, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
+                           rs ? rs + i0 : nullptr, cs, accumulate);
   }
 }
 #endif

@@ -3,8 +3,10 @@
 // its own seed; a failure prints the case (seed included) so it can be replayed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -465,6 +467,56 @@ TEST(ChunkedCpu, SimdPaths) {
 #endif
     std::printf("SIMD dk=%d dv=%d: o %.3g (baseline %.3g), state %.3g (baseline %.3g)\n", dk, dv, fast.o, sse.o,
                 fast.state, sse.state);
+  }
+}
+
+// A non-finite input at token t (v NaN, k inf, a NaN gate, beta NaN) poisons the outputs of t and
+// later tokens of its sequence only: the rows of its chunk before t stay as they were with finite
+// inputs, bit for bit (the products' register blocks stop at the diagonal), on both SIMD paths.
+TEST(ChunkedCpu, NonFiniteInputStaysCausal) {
+  struct Env {
+    explicit Env(const char* value) { setenv("GDNKIT_CPU_SIMD", value, 1); }
+    ~Env() { unsetenv("GDNKIT_CPU_SIMD"); }
+  };
+  for (const char* simd : {"default", "baseline"}) {
+    const Env env(simd);
+    for (int what = 0; what < 4; ++what) {
+      Spec s;
+      s.lens = {130};
+      s.Hq = s.Hk = s.Hv = 1;
+      s.dk = 32;
+      s.dv = 24;
+      s.initial_state = true;
+      s.seed = 1600 + what;
+      Case c = test::random_case(s);
+      test::run_host(c);
+      const std::vector<std::uint16_t> clean = c.o.buf;
+      const std::int64_t t = 64 + 13 + what;  // inside the second chunk, not at a block's first row
+      switch (what) {
+        case 0:
+          for (int d = 0; d < s.dv; ++d) c.qkv[c.v_off + t * c.shape.v.token + d] = test::kNaN16;
+          break;
+        case 1:
+          c.qkv[c.k_off + t * c.shape.k.token + 3] = 0x7f80;  // +inf
+          break;
+        case 2:
+          c.g[t * c.shape.g.token] = std::nanf("");
+          break;
+        default:
+          c.beta32[t * c.shape.beta.token] = std::nanf("");
+      }
+      c.poison_outputs();
+      test::run_host(c);
+      SCOPED_TRACE(std::string(simd) + ", input " + std::to_string(what));
+      const std::int64_t row = c.shape.o.token;
+      const std::uint16_t* o = c.o.data();
+      const std::uint16_t* o_clean = clean.data() + (o - c.o.buf.data());
+      EXPECT_EQ(std::memcmp(o, o_clean, sizeof(std::uint16_t) * static_cast<std::size_t>(t * row)), 0)
+          << "a row before token " << t << " changed";
+      bool poisoned = false;
+      for (int d = 0; d < s.dv; ++d) poisoned |= (o[t * row + d] & 0x7f80) == 0x7f80;
+      EXPECT_TRUE(poisoned) << "token " << t << "'s own output stayed finite";
+    }
   }
 }
 
