@@ -31,12 +31,25 @@ namespace {
 
 std::string str(std::int64_t x) { return std::to_string(x); }
 
-// Resolves the strides of a [T, heads, dim] tensor; checks they are positive.
-Strides resolve_strides(const char* name, Strides s, int heads, int dim) {
+// Resolves the strides of a [T, heads, dim] tensor; checks they are positive and that the offset
+// of its last element stays below 2^60 elements (so byte offsets fit 64 bits, as the states' do).
+Strides resolve_strides(const char* name, Strides s, std::int64_t T, int heads, int dim) {
+  using K = Error::Kind;
+  const std::string n(name);
+  if (s.head < 0) fail(K::invalid_value, n + ".head stride", "0 (packed) or a positive stride", str(s.head));
+  if (s.token < 0) fail(K::invalid_value, n + ".token stride", "0 (packed) or a positive stride", str(s.token));
   if (s.head == 0) s.head = dim;
-  if (s.token == 0) s.token = static_cast<std::int64_t>(heads) * s.head;
-  if (s.head < 0) fail(Error::Kind::invalid_value, std::string(name) + ".head stride", "a positive stride", str(s.head));
-  if (s.token < 0) fail(Error::Kind::invalid_value, std::string(name) + ".token stride", "a positive stride", str(s.token));
+  const std::int64_t limit = std::int64_t{1} << 60;
+  if (s.token == 0 && (__builtin_mul_overflow(static_cast<std::int64_t>(heads), s.head, &s.token) || s.token >= limit))
+    fail(K::invalid_value, n + ".head stride", "a stride whose packed token stride (" + str(heads) +
+         " heads) stays below 2^60 elements", str(s.head));
+  std::int64_t last = 0, heads_span = 0;
+  if (T > 0 && (__builtin_mul_overflow(T - 1, s.token, &last) ||
+                __builtin_mul_overflow(static_cast<std::int64_t>(heads - 1), s.head, &heads_span) ||
+                __builtin_add_overflow(last, heads_span + dim, &last) || last >= limit))
+    fail(K::invalid_value, n + " strides",
+         "a last element offset below 2^60 elements over T=" + str(T) + " tokens and " + str(heads) + " heads",
+         "token stride " + str(s.token) + ", head stride " + str(s.head));
   return s;
 }
 
@@ -67,8 +80,16 @@ Shape resolve_shape(const Problem& p) {
   if (p.total_tokens < 0) fail(K::invalid_value, "total_tokens", "T >= 0", str(p.total_tokens));
   if (p.num_seqs < 1) fail(K::invalid_value, "num_seqs", "N >= 1", str(p.num_seqs));
   if (p.max_seq_len < 0 || p.max_seq_len > p.total_tokens)
-    fail(K::invalid_value, "max_seq_len", "0 (unknown) or a length in [1, T=" + str(p.total_tokens) + "]",
+    fail(K::invalid_value, "max_seq_len",
+         p.total_tokens == 0 ? std::string("0 (T=0)")
+                             : "0 (unknown) or a length in [1, T=" + str(p.total_tokens) + "]",
          str(p.max_seq_len));
+  if (p.gate_space != GateSpace::log && p.gate_space != GateSpace::linear)
+    fail(K::invalid_value, "gate_space", "log or linear", str(static_cast<int>(p.gate_space)));
+  if (p.state_layout != StateLayout::kv && p.state_layout != StateLayout::vk)
+    fail(K::invalid_value, "state_layout", "kv or vk", str(static_cast<int>(p.state_layout)));
+  if (p.memory != Memory::host && p.memory != Memory::cuda)
+    fail(K::invalid_value, "memory", "host or cuda", str(static_cast<int>(p.memory)));
   if (p.num_q_heads < 1) fail(K::invalid_value, "q", "at least 1 head", str(p.num_q_heads));
   if (p.num_k_heads < 1) fail(K::invalid_value, "k", "at least 1 head", str(p.num_k_heads));
   if (p.num_v_heads < 1) fail(K::invalid_value, "v", "at least 1 head", str(p.num_v_heads));
@@ -131,12 +152,12 @@ Shape resolve_shape(const Problem& p) {
     s.uniform_len = p.total_tokens / p.num_seqs;
   }
 
-  s.q = resolve_strides("q", p.q, Hq, s.dk);
-  s.k = resolve_strides("k", p.k, Hk, s.dk);
-  s.v = resolve_strides("v", p.v, Hv, s.dv);
-  s.o = resolve_strides("o", p.o, s.H, s.dv);
-  s.g = resolve_strides("g", p.g, s.H, 1);
-  s.beta = resolve_strides("beta", p.beta, s.H, 1);
+  s.q = resolve_strides("q", p.q, s.T, Hq, s.dk);
+  s.k = resolve_strides("k", p.k, s.T, Hk, s.dk);
+  s.v = resolve_strides("v", p.v, s.T, Hv, s.dv);
+  s.o = resolve_strides("o", p.o, s.T, s.H, s.dv);
+  s.g = resolve_strides("g", p.g, s.T, s.H, 1);
+  s.beta = resolve_strides("beta", p.beta, s.T, s.H, 1);
   check_no_overlap("o", s.o, s.T, s.H, s.dv);
 
   if (p.scale) {
@@ -190,6 +211,8 @@ Plan Plan::create(const Problem& problem, const Options& options) {
   if (!(options.split_decay_cutoff >= 0.0f && options.split_decay_cutoff < 1.0f))
     fail(Error::Kind::invalid_value, "options.split_decay_cutoff", "a value in [0, 1) (0: exact)",
          std::to_string(options.split_decay_cutoff));
+  if (options.backend != Backend::automatic && options.backend != Backend::cpu && options.backend != Backend::cuda)
+    fail(Error::Kind::invalid_value, "backend", "automatic, cpu or cuda", std::to_string(static_cast<int>(options.backend)));
   if (problem.memory == Memory::host) {
     if (options.backend == Backend::cuda)
       fail(Error::Kind::unsupported, "backend", "cpu or automatic for host memory", "cuda");
@@ -204,7 +227,7 @@ Plan Plan::create(const Problem& problem, const Options& options) {
            std::to_string(options.segments));
     impl->backend = Backend::cpu;
     impl->cpu = cpu::plan(problem, impl->shape, options);
-    impl->workspace = cpu::workspace_bytes(impl->shape, impl->cpu);
+    impl->workspace = cpu::workspace_bytes(problem, impl->shape, impl->cpu);
   } else {
     if (options.backend == Backend::cpu)
       fail(Error::Kind::unsupported, "backend", "cuda or automatic for CUDA memory", "cpu");

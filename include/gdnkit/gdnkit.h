@@ -96,7 +96,8 @@ struct Problem {
   // segments and equal lengths cost at most ~5% more by its model). Any value in [0, T] gives
   // correct results; it sets whether and how finely the CUDA planner splits sequences
   // (Options::segments), so the speed and the split's workspace depend on it: a hint far below
-  // the real longest length makes many short segments.
+  // the real longest length makes many short segments. Without cu_seqlens every sequence is T / N
+  // long and the hint is not used.
   std::int64_t max_seq_len = 0;
 };
 
@@ -195,7 +196,8 @@ class Plan {
   float scale() const noexcept;           // the resolved scale
 
   // Computes o (and final_state when wanted). workspace must hold workspace_bytes() bytes in the
-  // problem's memory space (device memory for Memory::cuda; 256-byte aligned). For Memory::cuda the
+  // problem's memory space (device memory for Memory::cuda, 256-byte aligned there; any alignment
+  // on the host). For Memory::cuda the
   // work is enqueued on stream and run() returns without synchronising; for Memory::host it runs on
   // the calling thread plus worker threads and returns when done (stream is ignored; on x86 the
   // calling thread's floating-point mode is set to flush subnormals during the call and restored
@@ -204,7 +206,8 @@ class Plan {
   // that overlap an input, each other or the workspace (from the pointers and strides alone). The CUDA
   // backend also needs dk and dv of 64 or 128 and q, k, v, o strides that are multiples of 8
   // elements (create() checks both), q, k, v, o 16-byte aligned and the workspace 256-byte aligned
-  // (run() checks them); states and gates need only their element type's alignment.
+  // (run() checks them); states, gates, beta and cu_seqlens need their element type's alignment
+  // (the CUDA backend's run() checks it too).
   void run(const Tensors& tensors, void* workspace, std::size_t workspace_bytes,
            Stream stream = nullptr) const;
 

@@ -13,7 +13,7 @@ struct Config {
 };
 
 Config plan(const Problem& problem, const detail::Shape& shape, const Options& options);
-std::size_t workspace_bytes(const detail::Shape& shape, const Config& config);
+std::size_t workspace_bytes(const Problem& problem, const detail::Shape& shape, const Config& config);
 void run(const Problem& problem, const detail::Shape& shape, const Config& config,
          const Tensors& tensors, void* workspace);
 

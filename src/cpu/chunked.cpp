@@ -450,7 +450,9 @@ std::size_t slice_bytes(const detail::Shape& s) {
   return static_cast<std::size_t>(make_layout(s).total) * sizeof(float);
 }
 
-std::size_t order_bytes(const detail::Shape& s) {
+// The sequences' order, longest first: only packed batches have lengths to sort.
+std::size_t order_bytes(const Problem& p, const detail::Shape& s) {
+  if (!p.has_cu_seqlens) return 0;
   return static_cast<std::size_t>(round_up(s.N * static_cast<std::int64_t>(sizeof(std::int64_t)),
                                            static_cast<std::int64_t>(kAlignBytes)));
 }
@@ -475,9 +477,9 @@ Config plan(const Problem&, const detail::Shape& shape, const Options& options) 
   return c;
 }
 
-std::size_t workspace_bytes(const detail::Shape& shape, const Config& config) {
+std::size_t workspace_bytes(const Problem& problem, const detail::Shape& shape, const Config& config) {
   // Slack for aligning the caller's pointer, the sequence order, one slice per thread.
-  return kAlignBytes + order_bytes(shape) + static_cast<std::size_t>(config.threads) * slice_bytes(shape);
+  return kAlignBytes + order_bytes(problem, shape) + static_cast<std::size_t>(config.threads) * slice_bytes(shape);
 }
 
 void run(const Problem& problem, const detail::Shape& shape, const Config& config,
@@ -489,13 +491,14 @@ void run(const Problem& problem, const detail::Shape& shape, const Config& confi
 
   auto base = reinterpret_cast<std::uintptr_t>(workspace);
   base = (base + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
-  auto* order = reinterpret_cast<std::int64_t*>(base);
-  auto* slices = reinterpret_cast<unsigned char*>(base + order_bytes(shape));
+  auto* order = problem.has_cu_seqlens ? reinterpret_cast<std::int64_t*>(base) : nullptr;
+  auto* slices = reinterpret_cast<unsigned char*>(base + order_bytes(problem, shape));
   const std::size_t slice = slice_bytes(shape);
 
-  // Longest sequences first, so a long one does not start last and leave the other threads idle.
-  for (std::int64_t n = 0; n < shape.N; ++n) order[n] = n;
-  if (problem.has_cu_seqlens) {
+  // Longest sequences first, so a long one does not start last and leave the other threads idle
+  // (equal lengths without cu_seqlens: in index order).
+  if (order != nullptr) {
+    for (std::int64_t n = 0; n < shape.N; ++n) order[n] = n;
     auto len = [&](std::int64_t n) {
       const detail::SeqRange r = detail::host_seq_range(problem, shape, tensors.cu_seqlens, n);
       return r.end - r.begin;
@@ -519,7 +522,8 @@ void run(const Problem& problem, const detail::Shape& shape, const Config& confi
     for (;;) {
       const std::int64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= items) break;
-      run_item(ctx, order[i / shape.H], static_cast<int>(i % shape.H), ws);
+      const std::int64_t n = i / shape.H;
+      run_item(ctx, order != nullptr ? order[n] : n, static_cast<int>(i % shape.H), ws);
     }
   };
 

@@ -460,7 +460,15 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
     check_aligned("k", t.k);
     check_aligned("v", t.v);
     check_aligned("o", t.o);
+    // The kernels read the rest element by element: a misaligned one would fault the context.
+    const char* elem = "its element type's alignment";
+    if (problem.has_gate) check_aligned("g", t.g, 4, elem);
+    if (problem.has_beta) check_aligned("beta", t.beta, problem.beta_dtype == DType::f32 ? 4 : 2, elem);
   }
+  if (problem.has_cu_seqlens)
+    check_aligned("cu_seqlens", t.cu_seqlens, problem.cu_seqlens_dtype == DType::i64 ? 8 : 4, "its element type's alignment");
+  if (problem.has_initial_state) check_aligned("initial_state", t.initial_state, 4, "its element type's alignment");
+  if (problem.want_final_state) check_aligned("final_state", t.final_state, 4, "its element type's alignment");
   // Nothing to compute and nothing to write.
   if (s.T == 0 && !problem.want_final_state) return;
 

@@ -39,7 +39,8 @@ WalkGrid walk_grid(const detail::Shape& s, int cols, bool packed, bool fused, in
 bool short_walk_takes(const detail::Shape& s, bool packed, std::int64_t max_seq_len) {
   constexpr std::int64_t kMaxLen = 32, kMaxMean = 16, kMaxUnknownTokens = 1024;
   const std::int64_t n = std::max<std::int64_t>(s.N, 1);
-  const std::int64_t longest = max_seq_len > 0 ? max_seq_len : packed ? 0 : s.uniform_len;
+  // Without cu_seqlens every sequence is T/N long, whatever the hint says.
+  const std::int64_t longest = packed ? max_seq_len : s.uniform_len;
   if (longest > 0) return longest <= kMaxLen;
   return s.T / n <= kMaxMean && s.T <= kMaxUnknownTokens;
 }

@@ -23,8 +23,8 @@ struct WalkGrid {
 WalkGrid walk_grid(const detail::Shape& s, int cols, bool packed, bool fused, int sms, int ctas_per_sm);
 
 // Whether the sequences are short enough for the short walk (short_walk.cuh: 16-token chunks, a
-// CTA per sequence): the longest length (max_seq_len, the hint; else the uniform length where
-// !packed) at most 32 tokens, or, with the lengths unknown, a mean of at most 16 tokens in a batch
+// CTA per sequence): the longest length (the uniform length where !packed, else max_seq_len, the
+// hint, where given) at most 32 tokens, or, with the lengths unknown, a mean of at most 16 tokens in a batch
 // of at most 1,024. The mean may hide one long sequence, which the short walk takes 16 tokens per
 // serial step: the token bound keeps that worst case (64 steps) near what the split path's
 // per-walk costs take on such a batch (a bound from the measurements, the worst case itself not

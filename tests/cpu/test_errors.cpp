@@ -112,7 +112,18 @@ TEST(Errors, DTypes) {
 TEST(Errors, StridesAndScale) {
   Problem p = small_problem();
   p.q.head = -16;
-  expect_plan_error(p, V, "q.head stride", {"expected a positive stride, got -16"});
+  expect_plan_error(p, V, "q.head stride", {"expected 0 (packed) or a positive stride, got -16"});
+  // Offsets beyond 2^60 elements (byte offsets past 64 bits): refused, not wrapped.
+  p = small_problem();
+  p.q.head = std::int64_t{1} << 62;  // the packed token stride, 2 heads of it, overflows
+  expect_plan_error(p, V, "q.head stride", {"below 2^60", "got 4611686018427387904"});
+  p = small_problem();
+  p.total_tokens = std::int64_t{1} << 60;
+  p.cu_seqlens_dtype = DType::i64;
+  expect_plan_error(p, V, "q strides", {"last element offset below 2^60", "token stride 32, head stride 16"});
+  p = small_problem();
+  p.k.token = std::int64_t{1} << 58;  // 10 tokens of it reach past 2^60
+  expect_plan_error(p, V, "k strides", {"over T=10 tokens and 2 heads"});
   p = small_problem();
   p.o.head = 8;  // rows of 16 would overlap
   expect_plan_error(p, V, "o.head stride", {"at least the head dim 16", "got 8"});
@@ -205,6 +216,23 @@ TEST(Errors, SplitDecayCutoff) {
   EXPECT_STREQ(Plan::create(small_problem(), o).kernel_name(), "cpu-chunked-fp32");
 }
 
+// Enum values outside their enumerators (a cast, uninitialised memory, another ABI) are refused by
+// name, never read as the nearest valid one.
+TEST(Errors, EnumValues) {
+  Problem p = small_problem();
+  p.gate_space = static_cast<gdnkit::GateSpace>(7);
+  expect_plan_error(p, V, "gate_space", {"expected log or linear, got 7"});
+  p = small_problem();
+  p.state_layout = static_cast<gdnkit::StateLayout>(9);
+  expect_plan_error(p, V, "state_layout", {"expected kv or vk, got 9"});
+  p = small_problem();
+  p.memory = static_cast<gdnkit::Memory>(5);
+  expect_plan_error(p, V, "memory", {"expected host or cuda, got 5"});
+  gdnkit::Options o;
+  o.backend = static_cast<gdnkit::Backend>(9);
+  expect_error([&] { Plan::create(small_problem(), o); }, V, "backend", {"expected automatic, cpu or cuda, got 9"});
+}
+
 // max_seq_len is a hint, but an impossible one is refused.
 TEST(Errors, MaxSeqLen) {
   Problem p = small_problem();
@@ -214,6 +242,9 @@ TEST(Errors, MaxSeqLen) {
   expect_error([&] { Plan::create(p); }, V, "max_seq_len", {"[1, T=" + std::to_string(p.total_tokens) + "]"});
   p.max_seq_len = p.total_tokens;
   EXPECT_STREQ(Plan::create(p).kernel_name(), "cpu-chunked-fp32");
+  p.total_tokens = 0;  // no tokens: only 0
+  p.max_seq_len = 5;
+  expect_error([&] { Plan::create(p); }, V, "max_seq_len", {"expected 0 (T=0), got 5"});
 }
 
 TEST(Errors, CpuThreads) {

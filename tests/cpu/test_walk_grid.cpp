@@ -82,6 +82,9 @@ TEST(WalkGrid, ShortWalkTakesShortSequences) {
   EXPECT_TRUE(short_walk_takes(uniform(100, 15), false, 0));
   EXPECT_TRUE(short_walk_takes(uniform(100, 32), false, 0));
   EXPECT_FALSE(short_walk_takes(uniform(100, 33), false, 0));
+  // A hint that contradicts them is not taken.
+  EXPECT_FALSE(short_walk_takes(uniform(100, 33), false, 1));
+  EXPECT_TRUE(short_walk_takes(uniform(100, 15), false, 100));
   SCOPED_TRACE("packed lengths unknown: a mean of 16 up to 1,024 tokens in all");
   EXPECT_TRUE(short_walk_takes(shape(64, 64, 1024), true, 0));
   EXPECT_FALSE(short_walk_takes(shape(64, 100, 1500), true, 0));

@@ -940,6 +940,14 @@ TEST_F(Cuda, MisalignedPointer) {
   t = d.tensors();
   t.o = static_cast<unsigned char*>(t.o) + 8;
   expect_error([&] { plan.run(t, ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "o", "16-byte aligned");
+  // The tensors read element by element: their element type's alignment.
+  t = d.tensors();
+  t.g = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(t.g) + 2);
+  expect_error([&] { plan.run(t, ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "g", "4-byte aligned");
+  t = d.tensors();
+  t.cu_seqlens = static_cast<const unsigned char*>(t.cu_seqlens) + 1;
+  expect_error([&] { plan.run(t, ws.ptr(), ws.bytes(), nullptr); }, Error::Kind::invalid_value, "cu_seqlens",
+               "-byte aligned");
   if (plan.workspace_bytes() > 0) {  // the workspace: 256 bytes, as Plan::run documents
     const test::DeviceWorkspace big(plan.workspace_bytes() + 256);
     expect_error([&] { plan.run(d.tensors(), static_cast<unsigned char*>(big.ptr()) + 128, plan.workspace_bytes(), nullptr); },
