@@ -103,7 +103,7 @@ struct Problem {
 
 struct Options {
   Backend backend = Backend::automatic;
-  int cpu_threads = 0;  // CPU backend worker threads; 0 = all hardware threads
+  int cpu_threads = 0;  // CPU backend worker threads; 0 = the hardware threads this process may run on (its CPU affinity)
   // CUDA backend: run exactly this kernel (spelled as Plan::kernel_name() reports it, e.g.
   // "cuda-split-wgmma-bf16-k128-w4"); nullptr lets the planner choose. A name that does not exist
   // for the problem's dtype, dk and dv is invalid_value (a 128-column fused kernel at dv 64:

@@ -38,15 +38,16 @@ def _current_stream(q):
     return 0
 
 
-def _namespace(x):
-    """The array namespace of x: torch, NumPy (any version), or an array-API namespace (CuPy, ...)."""
+def _namespace(x, name):
+    """The array namespace of x (the argument `name`): torch, NumPy (any version), or an array-API
+    namespace (CuPy, ...)."""
     if getattr(x, "is_cuda", None) is not None:
         return _sys.modules["torch"]
     if isinstance(x, _ndarray):
         return _np
     if hasattr(x, "__array_namespace__"):
         return x.__array_namespace__()
-    raise TypeError(f"expected a torch tensor, a NumPy array or an array-API array, got {type(x).__name__}")
+    raise TypeError(f"{name}: expected a torch tensor, a NumPy array or an array-API array, got {type(x).__name__}")
 
 
 def _astype(xp, x, dtype):
@@ -56,7 +57,7 @@ def _astype(xp, x, dtype):
 
 def _l2norm(x, name):
     """FLA's l2norm of the last dim: x / sqrt(sum(x^2) + 1e-6) in float32, back in x's dtype."""
-    xp = _namespace(x)
+    xp = _namespace(x, name)
     if xp is _sys.modules.get("torch"):
         xf = x.float()
         return (xf * xf.square().sum(-1, keepdim=True).add_(1e-6).rsqrt_()).to(x.dtype)
@@ -68,7 +69,7 @@ def _l2norm(x, name):
 
 def _sigmoid(x, times):
     """times * sigmoid(x), float32 (FLA's use_beta_sigmoid_in_kernel, allow_neg_eigval)."""
-    xp = _namespace(x)
+    xp = _namespace(x, "beta")
     if xp is _sys.modules.get("torch"):
         return x.float().sigmoid() * times
     xf = _astype(xp, x, xp.float32)
@@ -77,7 +78,10 @@ def _sigmoid(x, times):
 
 def _gdn_gate(g, A_log, dt_bias):
     """FLA's use_gate_in_kernel: -exp(A_log) * softplus(g + dt_bias), float32."""
-    xp = _namespace(g)
+    xp = _namespace(g, "g")
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if x is not None and _namespace(x, name) is not xp:
+            raise TypeError(f"{name}: expected an array of g's kind ({type(g).__name__}), got {type(x).__name__}")
     if xp is _sys.modules.get("torch"):
         x = g.float() if dt_bias is None else g.float() + dt_bias.float()
         return -A_log.float().exp() * _sys.modules["torch"].nn.functional.softplus(x)
@@ -87,7 +91,7 @@ def _gdn_gate(g, A_log, dt_bias):
     return -xp.exp(_astype(xp, A_log, xp.float32)) * xp.logaddexp(x, xp.zeros_like(x))
 
 
-def _as_float32(x):
+def _as_float32(x, name):
     """x as float32 where it holds another floating dtype (FLA takes bfloat16 gates and states),
     else x itself (other dtypes reach the binding, which names them)."""
     dt = x.dtype
@@ -102,7 +106,7 @@ def _as_float32(x):
     if isinstance(x, _ndarray):  # float16/64, and ml_dtypes' bfloat16 (a kind "V" dtype)
         floating = x.dtype.kind == "f" or x.dtype.name == "bfloat16"
         return x.astype(_np.float32) if floating and x.dtype != _np.float32 else x
-    xp = _namespace(x)
+    xp = _namespace(x, name)
     if xp.isdtype(x.dtype, "real floating") and x.dtype != xp.float32:
         return xp.astype(x, xp.float32)
     return x
@@ -296,6 +300,8 @@ def chunk_gated_delta_rule(
                 raise ValueError(f"{name}: expected a tensor with use_gate_in_kernel=True, got None")
         H = max(q.shape[-2], v.shape[-2]) if len(q.shape) >= 2 and len(v.shape) >= 2 else None
         for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is not None and not hasattr(x, "shape"):
+                raise TypeError(f"{name}: expected a tensor with use_gate_in_kernel=True, got {type(x).__name__}")
             if x is not None and tuple(x.shape) != (H,):
                 raise ValueError(f"{name}: expected shape ({H},) (one value per output head, max(Hq, Hv)) with "
                                  f"use_gate_in_kernel=True, got {tuple(x.shape)}")
@@ -309,27 +315,34 @@ def chunk_gated_delta_rule(
         raise ValueError("cu_seqlens_cpu: expected only with cu_seqlens (a host copy of it), "
                          "got one without cu_seqlens")
     if cu_seqlens_cpu is not None and max_seq_len is None:
-        host = _np.asarray(cu_seqlens_cpu)
+        try:
+            host = _np.asarray(cu_seqlens_cpu)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"cu_seqlens_cpu: expected a host array (a copy of cu_seqlens in host memory), "
+                            f"got {type(cu_seqlens_cpu).__name__} ({e})") from None
+        # The planner's hint only, but a copy that disagrees with cu_seqlens is a caller's bug.
+        n1 = cu_seqlens.shape[0] if cu_seqlens is not None and len(cu_seqlens.shape) == 1 else None
+        t = q.shape[-3] if len(q.shape) >= 3 else None
+        if host.ndim != 1 or host.shape[0] < 1 or host.dtype.kind not in "iu":
+            raise ValueError(f"cu_seqlens_cpu: expected a 1-D integer host copy of cu_seqlens ({n1} entries), "
+                             f"got shape {host.shape}, dtype {host.dtype}")
         lens = _np.diff(host)
+        if ((lens < 0).any() or int(host[0]) != 0 or (t is not None and int(host[-1]) != t)
+                or (n1 is not None and host.shape[0] != n1)):
+            raise ValueError(f"cu_seqlens_cpu: expected a host copy of cu_seqlens ({n1} entries, 0 first, "
+                             f"non-decreasing, T={t} last), got {host.tolist()[:8]}"
+                             f"{' ...' if host.shape[0] > 8 else ''} ({host.shape[0]} entries)")
         if lens.size:
-            # The planner's hint only, but a copy that disagrees with cu_seqlens is a caller's bug.
-            n1 = cu_seqlens.shape[0] if cu_seqlens is not None and len(cu_seqlens.shape) == 1 else None
-            t = q.shape[-3] if len(q.shape) >= 3 else None
-            if ((lens < 0).any() or int(host[0]) != 0 or (t is not None and int(host[-1]) != t)
-                    or (n1 is not None and host.shape[0] != n1)):
-                raise ValueError(f"cu_seqlens_cpu: expected a host copy of cu_seqlens ({n1} entries, 0 first, "
-                                 f"non-decreasing, T={t} last), got {host.tolist()[:8]}"
-                                 f"{' ...' if host.shape[0] > 8 else ''} ({host.shape[0]} entries)")
             max_seq_len = int(lens.max())
     # float32 gates and states pass by identity of their dtype (cheap); others are converted.
     # (Objects without a dtype reach the binding, which refuses them by name.)
     f32 = _FLOAT32
     gd = getattr(g, "dtype", None)
     if gd is not None and gd is not f32[0] and gd is not f32[-1]:
-        g = _as_float32(g)
+        g = _as_float32(g, "g")
     sd = getattr(initial_state, "dtype", None)
     if sd is not None and sd is not f32[0] and sd is not f32[-1]:
-        initial_state = _as_float32(initial_state)
+        initial_state = _as_float32(initial_state, "initial_state")
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     torch = _sys.modules.get("torch")
     if torch is not None and torch.is_grad_enabled():

@@ -215,10 +215,20 @@ void read_dlpack(Tensor& t) {
     if (!ok) {
       // Give the reason where a known framework refuses to export.
       nb::object rg = nb::getattr(obj, "requires_grad", nb::none());
-      if (rg.is_valid() && !rg.is_none() && PyObject_IsTrue(rg.ptr()) == 1)
-        fail(Kind::invalid_value, t.name,
-             "a tensor that does not require grad (gdnkit is forward-only: use torch.no_grad() or .detach())",
-             "requires_grad=True");
+      if (rg.is_valid() && !rg.is_none() && PyObject_IsTrue(rg.ptr()) == 1) {
+        // A tensor subclass (an nn.Parameter subclass, say) that requires grad reaches here under
+        // torch.no_grad(), where the wrapper does not detach: its detached view (the same storage,
+        // kept alive by the array) exports.
+        nb::object d = nb::steal(PyObject_CallMethod(obj.ptr(), "detach", nullptr));
+        if (!d.is_valid()) PyErr_Clear();
+        ok = d.is_valid() && nb::try_cast(d, t.arr, false);
+        if (!ok)
+          fail(Kind::invalid_value, t.name,
+               "a tensor that does not require grad (gdnkit is forward-only: use torch.no_grad() or .detach())",
+               "requires_grad=True");
+      }
+    }
+    if (!ok) {
       if (is_numpy(obj)) {  // NumPy refuses DLPack for byte-swapped or unusual dtypes and odd strides
         nb::object dt = nb::getattr(obj, "dtype");
         fail(Kind::invalid_type, t.name,

@@ -25,6 +25,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__SSE2__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define GDNKIT_HAS_MXCSR 1
@@ -457,6 +461,16 @@ std::size_t order_bytes(const Problem& p, const detail::Shape& s) {
                                            static_cast<std::int64_t>(kAlignBytes)));
 }
 
+// The hardware threads this process may run on: its CPU affinity where the system says (taskset,
+// cgroup cpusets, a framework that pinned the process), else every hardware thread.
+int usable_hardware_threads() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 }  // namespace
 
 Config plan(const Problem&, const detail::Shape& shape, const Options& options) {
@@ -464,8 +478,7 @@ Config plan(const Problem&, const detail::Shape& shape, const Options& options) 
     detail::fail(Error::Kind::invalid_value, "cpu_threads", "0 (all hardware threads) or a positive count",
                  std::to_string(options.cpu_threads));
   Config c;
-  c.threads = options.cpu_threads > 0 ? options.cpu_threads
-                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  c.threads = options.cpu_threads > 0 ? options.cpu_threads : usable_hardware_threads();
   // More threads than (sequence, head) items would only cost workspace.
   const std::int64_t items = shape.N * shape.H;
   c.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(c.threads, items)));

@@ -515,6 +515,16 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
 }
 
 void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  // A copy to pageable memory and a wait cannot be captured: refused before they break the capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t query = cudaStreamIsCapturing(stream, &capture);
+  if (query != cudaSuccess) cudaGetLastError();
+  if (query != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    throw Error(K::invalid_value, "stream",
+                std::string("stream: expected one that is not being captured (Plan::validate copies values to the "
+                            "host and waits for them), got ") +
+                    (query != cudaSuccess ? std::string("a stream cudaStreamIsCapturing refuses: ") + cudaGetErrorName(query)
+                                          : std::string("a stream being captured")));
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }

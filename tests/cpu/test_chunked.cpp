@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "common/test_util.h"
 
 namespace {
@@ -519,6 +523,33 @@ TEST(ChunkedCpu, NonFiniteInputStaysCausal) {
     }
   }
 }
+
+#if defined(__linux__)
+// cpu_threads = 0 takes the hardware threads the process may run on: pinned to one CPU, a plan asks
+// for one thread's workspace.
+TEST(ChunkedCpu, ThreadsFollowAffinity) {
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  Spec s;
+  s.lens = {64, 64, 64, 64};
+  s.Hq = s.Hk = s.Hv = 4;  // 16 items
+  const Problem p = test::random_case(s).problem;
+  gdnkit::Options single;
+  single.cpu_threads = 1;
+  const std::size_t one_thread = Plan::create(p, single).workspace_bytes();
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const std::size_t pinned = Plan::create(p).workspace_bytes();
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(pinned, one_thread);
+  if (CPU_COUNT(&all) > 1) EXPECT_GT(Plan::create(p).workspace_bytes(), one_thread);
+}
+#endif
 
 // Reusing one plan (and workspace) for several runs: no state leaks between runs or items.
 TEST(ChunkedCpu, PlanReuse) {

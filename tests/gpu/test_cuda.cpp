@@ -888,6 +888,19 @@ TEST_F(Cuda, GraphCapture) {
   run.replay();
   d.download(run.stream());
   check_downloaded("graph replay 2 (new inputs)", c, r2, plan);
+
+  // validate() copies values to the host and waits: refused on a stream being captured, before it
+  // breaks the capture (which then ends whole, holding the run captured after the refusal).
+  cudaStream_t s2 = nullptr;
+  GDN_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  const test::DeviceWorkspace ws(plan);
+  GDN_CUDA(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal));
+  expect_error([&] { plan.validate(d.tensors(), s2); }, Error::Kind::invalid_value, "stream", "being captured");
+  plan.run(d.tensors(), ws.ptr(), ws.bytes(), s2);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s2, &graph), cudaSuccess);
+  if (graph != nullptr) GDN_CUDA(cudaGraphDestroy(graph));
+  GDN_CUDA(cudaStreamDestroy(s2));
 }
 
 // ---- Errors the CUDA backend adds ------------------------------------------------------------------

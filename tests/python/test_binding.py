@@ -670,6 +670,13 @@ BAD = {
     "cu_seqlens_cpu entries": (_base, lambda a: a.update(cu_seqlens=np.array([0, 40, 64], np.int32),
                                                          cu_seqlens_cpu=np.array([0, 64])), ValueError,
                                "cu_seqlens_cpu: expected a host copy of cu_seqlens (3 entries"),
+    "cu_seqlens_cpu one entry": (_base, lambda a: a.update(cu_seqlens=np.array([0, 64], np.int32),
+                                                           cu_seqlens_cpu=np.array([0])), ValueError,
+                                 "cu_seqlens_cpu: expected a host copy of cu_seqlens (2 entries"),
+    "cu_seqlens_cpu floats": (_base, lambda a: a.update(cu_seqlens=np.array([0, 64], np.int32),
+                                                        cu_seqlens_cpu=np.array([0.0, 64.0])), ValueError,
+                              "cu_seqlens_cpu: expected a 1-D integer host copy of cu_seqlens (2 entries), "
+                              "got shape (2,), dtype float64"),
     # FLA's keywords
     "chunk_size": (_base, lambda a: a.update(chunk_size=128), ValueError, "chunk_size: expected 16, 32 or 64, got 128"),
     "transpose_state_layout and state_v_first": (_base, lambda a: a.update(transpose_state_layout=True,
@@ -683,6 +690,10 @@ BAD = {
     "A_log heads": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(3, np.float32)), ValueError,
                     "A_log: expected shape (2,) (one value per output head, max(Hq, Hv)) with use_gate_in_kernel=True, "
                     "got (3,)"),
+    "A_log a list": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=[0.0, 0.0]), TypeError,
+                     "A_log: expected a tensor with use_gate_in_kernel=True, got list"),
+    "q a list with l2norm": (_base, lambda a: a.update(q=[0.0], use_qk_l2norm_in_kernel=True), TypeError,
+                             "q: expected a torch tensor, a NumPy array or an array-API array, got list"),
     "dt_bias heads": (_base, lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(2, np.float32),
                                                 dt_bias=np.zeros(1, np.float32)), ValueError,
                       "dt_bias: expected shape (2,) (one value per output head, max(Hq, Hv)) with "
@@ -1066,6 +1077,18 @@ def test_torch_requires_grad(rng, torch):
     assert not o3.requires_grad and torch.equal(o3, o2)
     o4, none = gdnkit.chunk_gated_delta_rule(q, k, k, g)  # no final state: None passes through
     assert none is None and o4.requires_grad
+    # Under no_grad, subclasses that require grad (a Tensor subclass, an nn.Parameter subclass) are
+    # read like plain tensors: their DLPack export refuses, their detached view does not.
+    class Sub(torch.Tensor):
+        pass
+
+    class MyParam(torch.nn.Parameter):
+        pass
+
+    with torch.no_grad():
+        o5, _ = gdnkit.chunk_gated_delta_rule(q.detach().as_subclass(Sub).requires_grad_(), k, k,
+                                              MyParam(g.detach().clone()))
+    assert torch.equal(o5, o2)
 
 
 def test_torch_subclass(rng, torch):
