@@ -1005,6 +1005,9 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
     const double s = float_arg(scale_obj, "scale");
     if (!(std::fabs(s) <= FLT_MAX)) fail(Kind::invalid_value, "scale", "a finite number (float32)", repr_double(s));
     p.scale = static_cast<float>(s);
+    // A scale float32 rounds to zero would silently give zeros.
+    if (s != 0.0 && *p.scale == 0.0f)
+      fail(Kind::invalid_value, "scale", "0 or a magnitude float32 keeps (>= 1.4e-45)", repr_double(s));
   }
 
   if (q_obj.is_none()) fail(Kind::invalid_type, "q", "a tensor", "None");

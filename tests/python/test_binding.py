@@ -705,6 +705,8 @@ BAD = {
     "scale nan": (_base, lambda a: a.update(scale=float("nan")), ValueError, "scale: expected a finite number"),
     "scale beyond float32": (_base, lambda a: a.update(scale=1e39), ValueError,
                              "scale: expected a finite number (float32), got 1e+39"),
+    "scale below float32": (_base, lambda a: a.update(scale=1e-60), ValueError,
+                            "scale: expected 0 or a magnitude float32 keeps (>= 1.4e-45), got 1e-60"),
     "segments float": (_base, lambda a: a.update(segments=2.0), TypeError,
                        "segments: expected an int or None, got float"),
     "segments beyond int64": (_base, lambda a: a.update(segments=2**70), ValueError,
