@@ -1632,6 +1632,20 @@ class GlobalCapture {
   void* marker_ = nullptr;
 };
 
+// Two cases of one spec (seeds seed and seed + 1), their fp64 references and device copies.
+struct CasePair {
+  Case a, b;
+  test::Reference ra, rb;
+  DeviceCase da, db;
+  CasePair(Spec s, std::uint64_t seed)
+      : a(with_seed(s, seed)), b(with_seed(s, seed + 1)), ra(test::run_reference(a)), rb(test::run_reference(b)),
+        da(a), db(b) {}
+  static Case with_seed(Spec s, std::uint64_t seed) {
+    s.seed = seed;
+    return test::random_case(s);
+  }
+};
+
 TEST_F(Cuda, ContextParallelGraphBesideCapture) {
   if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
   Spec s = cp_spec({4096}, true, 128, 128, DType::bf16, 1750);
@@ -1685,11 +1699,8 @@ TEST_F(Cuda, ContextParallelGraphBesideCapture) {
   // Another thread captures while this thread, and a new thread (its first CUDA call is the
   // plan's), run plans.
   {
-    Case a = test::random_case(s);
-    s.seed = 1751;
-    Case b = test::random_case(s);
-    const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
-    DeviceCase da(a), db(b);
+    CasePair cases(s, 1751);
+    auto& [a, b, ra, rb, da, db] = cases;
     const Plan pa = Plan::create(da.problem(), o), pb = Plan::create(db.problem(), o);
     const test::DeviceWorkspace wa(pa), wb(pb);
     cudaStream_t sa = nullptr, sb = nullptr;
@@ -1735,11 +1746,8 @@ TEST_F(Cuda, ContextParallelGraphBesideCapture) {
   // cudaStreamPerThread names another stream on each thread: one plan, two threads, a graph each
   // (one graph between them would order each thread's calls behind the other's).
   {
-    Case a = test::random_case(s);
-    s.seed = 1752;
-    Case b = test::random_case(s);
-    const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
-    DeviceCase da(a), db(b);
+    CasePair cases(s, 1753);
+    auto& [a, b, ra, rb, da, db] = cases;
     const Plan plan = Plan::create(da.problem(), o);
     const test::DeviceWorkspace wa(plan), wb(plan);
     da.upload();
