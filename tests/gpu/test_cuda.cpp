@@ -1412,6 +1412,20 @@ TEST_F(Cuda, ContextParallelDecayCut) {
   }
 }
 
+// Two cases of one spec (seeds seed and seed + 1), their fp64 references and device copies.
+struct CasePair {
+  Case a, b;
+  test::Reference ra, rb;
+  DeviceCase da, db;
+  CasePair(Spec s, std::uint64_t seed)
+      : a(with_seed(s, seed)), b(with_seed(s, seed + 1)), ra(test::run_reference(a)), rb(test::run_reference(b)),
+        da(a), db(b) {}
+  static Case with_seed(Spec s, std::uint64_t seed) {
+    s.seed = seed;
+    return test::random_case(s);
+  }
+};
+
 // A split plan on two streams at once (each with its own workspace), and captured in a graph.
 TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
@@ -1550,12 +1564,10 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
 
   // One plan, two threads, two streams, eight calls each: each stream's graph is set and launched
   // under its own lock; both results right.
-  Spec sa = cp_spec({3000}, true, 128, 128, DType::bf16, 1744), sb = sa;
-  sb.seed = 1745;
-  sa.initial_state = sb.initial_state = true;
-  Case a = test::random_case(sa), b = test::random_case(sb);
-  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
-  DeviceCase da(a), db(b);
+  Spec sp = cp_spec({3000}, true, 128, 128, DType::bf16, 1744);
+  sp.initial_state = true;
+  CasePair cases(sp, 1744);
+  auto& [a, b, ra, rb, da, db] = cases;
   gdnkit::Options o;
   o.segments = 6;
   const Plan plan = Plan::create(da.problem(), o);
@@ -1630,20 +1642,6 @@ class GlobalCapture {
   static constexpr std::size_t kBytes = 256;
   cudaStream_t stream_ = nullptr;
   void* marker_ = nullptr;
-};
-
-// Two cases of one spec (seeds seed and seed + 1), their fp64 references and device copies.
-struct CasePair {
-  Case a, b;
-  test::Reference ra, rb;
-  DeviceCase da, db;
-  CasePair(Spec s, std::uint64_t seed)
-      : a(with_seed(s, seed)), b(with_seed(s, seed + 1)), ra(test::run_reference(a)), rb(test::run_reference(b)),
-        da(a), db(b) {}
-  static Case with_seed(Spec s, std::uint64_t seed) {
-    s.seed = seed;
-    return test::random_case(s);
-  }
 };
 
 TEST_F(Cuda, ContextParallelGraphBesideCapture) {
