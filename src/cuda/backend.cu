@@ -434,14 +434,22 @@ bool call_fused_maps(const Config& c, const ChunkedParams& p, DType dtype, int d
     std::memcpy(maps->bytes, c.fused_maps.data(), sizeof maps->bytes);
     return rebase_fused_maps(maps, p);
   };
-  if (once()) return true;
-  // A thread's first call: the driver wants the device's context current, and the runtime makes
-  // it so only at a call that needs it. cudaFree(nullptr) is such a call and does nothing else;
-  // stream capture counts it as unsafe, hence the relaxed mode (capture_mode.h).
-  {
+  // The driver's descriptor calls want the device's context current, and the runtime makes it so
+  // only at a call that needs one: cudaFree(nullptr) is such a call and does nothing else (stream
+  // capture counts it as unsafe, hence the relaxed mode, capture_mode.h). Once per thread before
+  // its first call, so that the driver never refuses one; again should a call still be refused
+  // (the context unbound since, by cuCtxSetCurrent say).
+  auto bind_context = [] {
     const RelaxedCaptureMode relaxed;
     if (cudaFree(nullptr) != cudaSuccess) cudaGetLastError();  // only the error it left
+  };
+  thread_local bool bound = false;
+  if (!bound) {
+    bind_context();
+    bound = true;
   }
+  if (once()) return true;
+  bind_context();
   return once();
 }
 
