@@ -433,15 +433,17 @@ TEST(ChunkedCpu, ThreadsAndWorkspace) {
   }
 }
 
+// GDNKIT_CPU_SIMD set while in scope (Plan::create reads it).
+struct SimdEnv {
+  explicit SimdEnv(const char* value) { setenv("GDNKIT_CPU_SIMD", value, 1); }
+  ~SimdEnv() { unsetenv("GDNKIT_CPU_SIMD"); }
+};
+
 // The products on AVX2 + FMA where the CPU has them, on SSE otherwise or with
 // GDNKIT_CPU_SIMD=baseline (read by Plan::create): both within the tolerances on shapes whose rows
 // and columns leave remainders (chunk tails, dv not a multiple of 8, dk 32), and on a CPU with AVX2
 // the two paths really differ (fused rounding), so each ran.
 TEST(ChunkedCpu, SimdPaths) {
-  struct Env {
-    explicit Env(const char* value) { setenv("GDNKIT_CPU_SIMD", value, 1); }
-    ~Env() { unsetenv("GDNKIT_CPU_SIMD"); }
-  };
   int i = 0;
   for (auto [dk, dv] : {std::pair{128, 128}, {64, 20}, {32, 44}}) {
     Spec s;
@@ -461,7 +463,7 @@ TEST(ChunkedCpu, SimdPaths) {
       test::run_host(c);
       state_fast = test::gather_state(c);
     }
-    const Env baseline("baseline");
+    const SimdEnv baseline("baseline");
     const Errors sse = check_case(s);
     Case c = test::random_case(s);
     test::run_host(c);
@@ -478,12 +480,8 @@ TEST(ChunkedCpu, SimdPaths) {
 // later tokens of its sequence only: the rows of its chunk before t stay as they were with finite
 // inputs, bit for bit (the products' register blocks stop at the diagonal), on both SIMD paths.
 TEST(ChunkedCpu, NonFiniteInputStaysCausal) {
-  struct Env {
-    explicit Env(const char* value) { setenv("GDNKIT_CPU_SIMD", value, 1); }
-    ~Env() { unsetenv("GDNKIT_CPU_SIMD"); }
-  };
   for (const char* simd : {"default", "baseline"}) {
-    const Env env(simd);
+    const SimdEnv env(simd);
     for (int what = 0; what < 4; ++what) {
       Spec s;
       s.lens = {130};
