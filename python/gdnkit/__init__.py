@@ -203,7 +203,8 @@ def chunk_gated_delta_rule(
             GQA (Hk = Hv, Hq = r*Hv); H = max(Hq, Hv) output heads.
         g: ``[.., H]`` gates (log space, or alpha itself with ``gate="linear"``), float32 (another
             floating dtype is converted first, as FLA does); None: no decay.
-        beta: ``[.., H]`` float32, float16 or bfloat16; None: beta = 1.
+        beta: ``[.., H]`` float32, float16 or bfloat16 (float64 is converted to float32 first);
+            None: beta = 1.
         scale: output scale; None: dk ** -0.5.
         initial_state: ``[N, H, dk, dv]`` (``state_layout="kv"``) or ``[N, H, dv, dk]`` ("vk"),
             float32 (another floating dtype is converted first); None: zeros.
@@ -343,6 +344,9 @@ def chunk_gated_delta_rule(
     sd = getattr(initial_state, "dtype", None)
     if sd is not None and sd is not f32[0] and sd is not f32[-1]:
         initial_state = _as_float32(initial_state, "initial_state")
+    # beta is read as float32, float16 or bfloat16; a float64 one is converted like g.
+    if getattr(getattr(beta, "dtype", None), "itemsize", 0) == 8:
+        beta = _as_float32(beta, "beta")
     stream = 0 if type(q) is _ndarray else _current_stream(q)
     torch = _sys.modules.get("torch")
     if torch is not None and torch.is_grad_enabled():

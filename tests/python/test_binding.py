@@ -284,12 +284,15 @@ def test_scale(rng, scale):
     assert_o_close(o[0], ro)
 
 
-@pytest.mark.parametrize("beta_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("beta_dtype", [np.float32, np.float16, np.float64])
 def test_beta_dtype(rng, beta_dtype):
     q, k, v, g, beta = make_inputs(rng, (77,), 2, 2, 2, 32, 32, beta_dtype=beta_dtype)
     o, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta)
     ro, _ = reference(q, k, v, g, beta, None, None, [0, 77])
     assert_o_close(o, ro)
+    if beta_dtype == np.float64:  # converted to float32 first: the float32 call's bits
+        o32, _ = gdnkit.chunk_gated_delta_rule(q, k, v, g, beta.astype(np.float32))
+        assert np.array_equal(o, o32)
 
 
 def test_single_sequence_without_cu_seqlens(rng):
@@ -594,6 +597,8 @@ BAD = {
                 "g: expected dtype float32, got int32"),
     "beta int32": (_base, lambda a: a.update(beta=a["beta"].astype(np.int32)), TypeError,
                    "beta: expected dtype float32, float16 or bfloat16, got int32"),
+    "beta int64": (_base, lambda a: a.update(beta=a["beta"].astype(np.int64)), TypeError,
+                   "beta: expected dtype float32, float16 or bfloat16, got int64"),
     "cu_seqlens float": (_base, lambda a: a.update(cu_seqlens=np.array([0.0, 64.0])), TypeError,
                          "cu_seqlens: expected dtype int32 or int64, got float64"),
     "cu_seqlens uint32": (_base, lambda a: a.update(cu_seqlens=np.array([0, 64], np.uint32)),
