@@ -7,10 +7,17 @@
 
 namespace gdnkit::cpu {
 
+// The instruction set of the products (gemm): SSE, the x86-64 baseline; AVX2 with FMA; AVX-512
+// (16-wide blocks, the same fused multiply-adds per element: AVX2's results bit for bit).
+enum class Simd { baseline, avx2, avx512 };
+
 struct Config {
   int threads = 1;
-  bool avx2 = false;  // the products on AVX2 + FMA (x86-64 CPUs that have them), else the SSE baseline
+  Simd simd = Simd::baseline;  // the best the CPU has, unless GDNKIT_CPU_SIMD says less at plan()
 };
+
+// The products' instruction set as run() uses it: "baseline", "avx2" or "avx512".
+const char* simd_name(const Config& config);
 
 Config plan(const Problem& problem, const detail::Shape& shape, const Options& options);
 std::size_t workspace_bytes(const Problem& problem, const detail::Shape& shape, const Config& config);

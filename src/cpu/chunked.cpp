@@ -11,7 +11,9 @@
 // innermost operations run over contiguous output columns in 4-wide SIMD values (SSE, the x86-64
 // baseline, so no -march is needed): ~11 GMAC/s per core here, close to the SSE peak. On x86-64
 // CPUs with AVX2 and FMA (checked once per plan) an 8 x 8 block of 8-wide fused multiply-adds
-// does the same products instead (gemm_avx2); GDNKIT_CPU_SIMD=baseline at Plan::create keeps SSE.
+// does the same products instead (gemm_avx2), and with AVX-512 an 8 x 16 block of 16-wide ones
+// (gemm_avx512, AVX2's results bit for bit); GDNKIT_CPU_SIMD=avx2 or =baseline at Plan::create
+// caps the choice.
 // Work items are spread over threads through an atomic counter; all scratch is the caller's
 // workspace (one 64-byte aligned slice per thread); nothing is allocated per item.
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <exception>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__linux__)
@@ -223,8 +226,10 @@ __attribute__((target("avx2,fma"))) inline void gemm_block_avx2(int kdim, int tr
   }
   for (int r = 0; r < R; ++r) {
     float* crow = C + r * ldc;
-    __m256 out = _mm256_mul_ps(_mm256_set1_ps(rs ? rs[r] : 1.0f), acc[r]);
-    if (accumulate) out = _mm256_add_ps(out, _mm256_mul_ps(_mm256_set1_ps(cs), _mm256_loadu_ps(crow)));
+    // One explicit form (cs C + (rs acc) as a fused multiply-add) rather than a multiply and an add,
+    // which the compiler may contract either way: gemm_block_avx512 writes the same bits.
+    const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(rs ? rs[r] : 1.0f), acc[r]);
+    const __m256 out = accumulate ? _mm256_fmadd_ps(_mm256_set1_ps(cs), _mm256_loadu_ps(crow), prod) : prod;
     _mm256_storeu_ps(crow, out);
   }
 }
@@ -253,6 +258,66 @@ __attribute__((target("avx2,fma"))) void gemm_avx2(int m, int ncols, int kdim, c
       if (const int kmax = rows(i0, 1); kmax >= 0)
         gemm_block_avx2<1>(kmax, kl ? i0 : -1, A + i0 * ars, ars, acs, B + j0, ldb, C + i0 * ldc + j0, ldc,
                            rs ? rs + i0 : nullptr, cs, accumulate);
+  }
+}
+
+// gemm_block_avx2 with one 16-wide AVX-512 vector per row: R rows x 16 columns. Each element gets
+// the same fused multiply-adds in the same order, and the same scaling, as in gemm_block_avx2.
+template <int R>
+__attribute__((target("avx512f,avx2,fma"))) inline void gemm_block_avx512(int kdim, int tri0, const float* A,
+                                                                          std::ptrdiff_t ars, std::ptrdiff_t acs,
+                                                                          const float* B, std::ptrdiff_t ldb, float* C,
+                                                                          std::ptrdiff_t ldc, const float* rs, float cs,
+                                                                          bool accumulate) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int kfull = tri0 < 0 ? kdim : std::min(kdim, tri0);
+  for (int kk = 0; kk < kfull; ++kk) {
+    const __m512 b = _mm512_loadu_ps(B + kk * ldb);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * ars + kk * acs]), b, acc[r]);
+  }
+  for (int kk = kfull; kk < kdim; ++kk) {  // the diagonal block's triangle (gemm_block)
+    const __m512 b = _mm512_loadu_ps(B + kk * ldb);
+    for (int r = kk - tri0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * ars + kk * acs]), b, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float* crow = C + r * ldc;
+    const __m512 prod = _mm512_mul_ps(_mm512_set1_ps(rs ? rs[r] : 1.0f), acc[r]);  // (gemm_block_avx2's form)
+    const __m512 out = accumulate ? _mm512_fmadd_ps(_mm512_set1_ps(cs), _mm512_loadu_ps(crow), prod) : prod;
+    _mm512_storeu_ps(crow, out);
+  }
+}
+
+// gemm's contract in 16-column panels, the last 8 columns (ncols an odd multiple of 8) by
+// gemm_block_avx2; rows in blocks of 8, then 4, then single rows.
+__attribute__((target("avx512f,avx2,fma"))) void gemm_avx512(int m, int ncols, int kdim, const float* A,
+                                                              std::ptrdiff_t ars, std::ptrdiff_t acs, const float* B,
+                                                              std::ptrdiff_t ldb, float* C, std::ptrdiff_t ldc,
+                                                              const float* rs, float cs, bool accumulate, Tri tri) {
+  const bool kl = tri == Tri::k_lower;
+  for (int j0 = 0; j0 < ncols;) {
+    const bool wide = j0 + 16 <= ncols;
+    auto rows = [&](int i0, int r) {  // skip, or the k range, of rows [i0, i0 + r)
+      if (tri == Tri::n_lower && j0 >= i0 + r) return -1;
+      return kl ? std::min(kdim, i0 + r) : kdim;
+    };
+    auto block = [&](auto rows_c, int i0, int kmax) {
+      constexpr int R = decltype(rows_c)::value;
+      const float* a = A + i0 * ars;
+      float* c = C + i0 * ldc + j0;
+      const float* s = rs ? rs + i0 : nullptr;
+      if (wide) gemm_block_avx512<R>(kmax, kl ? i0 : -1, a, ars, acs, B + j0, ldb, c, ldc, s, cs, accumulate);
+      else gemm_block_avx2<R>(kmax, kl ? i0 : -1, a, ars, acs, B + j0, ldb, c, ldc, s, cs, accumulate);
+    };
+    int i0 = 0;
+    for (; i0 + 8 <= m; i0 += 8)
+      if (const int kmax = rows(i0, 8); kmax >= 0) block(std::integral_constant<int, 8>{}, i0, kmax);
+    for (; i0 + 4 <= m; i0 += 4)
+      if (const int kmax = rows(i0, 4); kmax >= 0) block(std::integral_constant<int, 4>{}, i0, kmax);
+    for (; i0 < m; ++i0)
+      if (const int kmax = rows(i0, 1); kmax >= 0) block(std::integral_constant<int, 1>{}, i0, kmax);
+    j0 += wide ? 16 : NR;
   }
 }
 #endif
@@ -483,11 +548,22 @@ Config plan(const Problem&, const detail::Shape& shape, const Options& options) 
   const std::int64_t items = shape.N * shape.H;
   c.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(c.threads, items)));
 #if GDNKIT_CPU_AVX2
-  const char* simd = std::getenv("GDNKIT_CPU_SIMD");
-  c.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           !(simd != nullptr && std::strcmp(simd, "baseline") == 0);
+  // GDNKIT_CPU_SIMD=baseline or =avx2 caps the instruction set (A/B runs, tests); else the best.
+  const char* cap = std::getenv("GDNKIT_CPU_SIMD");
+  const bool baseline = cap != nullptr && std::strcmp(cap, "baseline") == 0;
+  const bool avx2_cap = cap != nullptr && std::strcmp(cap, "avx2") == 0;
+  if (!baseline && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    c.simd = !avx2_cap && __builtin_cpu_supports("avx512f") ? Simd::avx512 : Simd::avx2;
 #endif
   return c;
+}
+
+const char* simd_name(const Config& config) {
+  switch (config.simd) {
+    case Simd::avx512: return "avx512";
+    case Simd::avx2: return "avx2";
+    default: return "baseline";
+  }
 }
 
 std::size_t workspace_bytes(const Problem& problem, const detail::Shape& shape, const Config& config) {
@@ -524,10 +600,11 @@ void run(const Problem& problem, const detail::Shape& shape, const Config& confi
   }
 
 #if GDNKIT_CPU_AVX2
-  const Context ctx{problem, shape, tensors, make_layout(shape), config.avx2 ? gemm_avx2 : gemm};
+  const GemmFn product = config.simd == Simd::avx512 ? gemm_avx512 : config.simd == Simd::avx2 ? gemm_avx2 : gemm;
 #else
-  const Context ctx{problem, shape, tensors, make_layout(shape), gemm};
+  const GemmFn product = gemm;
 #endif
+  const Context ctx{problem, shape, tensors, make_layout(shape), product};
   std::atomic<std::int64_t> next{0};
   auto worker = [&](int tid) {
     const FlushSubnormals flush;  // restores the caller's mode when worker(0) returns

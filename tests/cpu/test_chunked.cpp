@@ -16,6 +16,7 @@
 #endif
 
 #include "common/test_util.h"
+#include "cpu/backend.h"
 
 namespace {
 
@@ -439,13 +440,20 @@ struct SimdEnv {
   ~SimdEnv() { unsetenv("GDNKIT_CPU_SIMD"); }
 };
 
-// The products on AVX2 + FMA where the CPU has them, on SSE otherwise or with
-// GDNKIT_CPU_SIMD=baseline (read by Plan::create): both within the tolerances on shapes whose rows
-// and columns leave remainders (chunk tails, dv not a multiple of 8, dk 32), and on a CPU with AVX2
-// the two paths really differ (fused rounding), so each ran.
+// The products on the best instruction set the CPU has (AVX-512, AVX2 + FMA, else SSE), capped by
+// GDNKIT_CPU_SIMD=avx2 or =baseline (read by Plan::create): every path within the tolerances on
+// shapes whose rows and columns leave remainders (chunk tails, dv not a multiple of 8 or 16, dk
+// 32), the plan picks the path the CPU allows, AVX-512 gives AVX2's bits (the same fused
+// multiply-adds per element), and AVX2 differs from SSE (fused rounding), so each ran.
 TEST(ChunkedCpu, SimdPaths) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f");
+#else
+  const bool has_avx2 = false, has_avx512 = false;
+#endif
   int i = 0;
-  for (auto [dk, dv] : {std::pair{128, 128}, {64, 20}, {32, 44}}) {
+  for (auto [dk, dv] : {std::pair{128, 128}, {64, 20}, {32, 44}, {48, 24}}) {
     Spec s;
     s.lens = {150, 37, 1, 64};
     s.Hq = s.Hk = 1;
@@ -456,31 +464,41 @@ TEST(ChunkedCpu, SimdPaths) {
     s.final_state = true;
     s.inputs = i == 2 ? Inputs::hard : Inputs::realistic;
     s.seed = 1500 + i++;
-    const Errors fast = check_case(s);
-    std::vector<double> state_fast;
-    {
+    struct Run {
+      Errors errors;
+      std::string simd;
+      std::vector<std::uint16_t> o;
+      std::vector<double> state;
+    };
+    auto run = [&](const char* cap) {
+      const SimdEnv env(cap);
+      Run r;
+      r.errors = check_case(s);
       Case c = test::random_case(s);
+      r.simd = cpu::simd_name(cpu::plan(c.problem, c.shape, Options{}));
       test::run_host(c);
-      state_fast = test::gather_state(c);
-    }
-    const SimdEnv baseline("baseline");
-    const Errors sse = check_case(s);
-    Case c = test::random_case(s);
-    test::run_host(c);
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      EXPECT_NE(test::gather_state(c), state_fast) << "the baseline and AVX2 paths gave the same bits: one of them did not run";
-#endif
-    std::printf("SIMD dk=%d dv=%d: o %.3g (baseline %.3g), state %.3g (baseline %.3g)\n", dk, dv, fast.o, sse.o,
-                fast.state, sse.state);
+      r.o = c.o.buf;
+      r.state = test::gather_state(c);
+      return r;
+    };
+    const Run best = run("default"), avx2 = run("avx2"), sse = run("baseline");
+    SCOPED_TRACE("dk=" + std::to_string(dk) + " dv=" + std::to_string(dv));
+    EXPECT_EQ(best.simd, has_avx512 ? "avx512" : has_avx2 ? "avx2" : "baseline");
+    EXPECT_EQ(avx2.simd, has_avx2 ? "avx2" : "baseline");
+    EXPECT_EQ(sse.simd, "baseline");
+    EXPECT_TRUE(best.o == avx2.o && best.state == avx2.state) << "AVX-512 and AVX2 gave different bits";
+    if (has_avx2) EXPECT_NE(avx2.state, sse.state) << "the baseline and AVX2 paths gave the same bits: one of them did not run";
+    std::printf("SIMD dk=%d dv=%d (%s): o %.3g (avx2 %.3g, baseline %.3g), state %.3g (avx2 %.3g, baseline %.3g)\n", dk,
+                dv, best.simd.c_str(), best.errors.o, avx2.errors.o, sse.errors.o, best.errors.state,
+                avx2.errors.state, sse.errors.state);
   }
 }
 
 // A non-finite input at token t (v NaN, k inf, a NaN gate, beta NaN) poisons the outputs of t and
 // later tokens of its sequence only: the rows of its chunk before t stay as they were with finite
-// inputs, bit for bit (the products' register blocks stop at the diagonal), on both SIMD paths.
+// inputs, bit for bit (the products' register blocks stop at the diagonal), on every SIMD path.
 TEST(ChunkedCpu, NonFiniteInputStaysCausal) {
-  for (const char* simd : {"default", "baseline"}) {
+  for (const char* simd : {"default", "avx2", "baseline"}) {
     const SimdEnv env(simd);
     for (int what = 0; what < 4; ++what) {
       Spec s;
