@@ -263,6 +263,8 @@ __attribute__((target("avx2,fma"))) void gemm_avx2(int m, int ncols, int kdim, c
 
 // gemm_block_avx2 with one 16-wide AVX-512 vector per row: R rows x 16 columns. Each element gets
 // the same fused multiply-adds in the same order, and the same scaling, as in gemm_block_avx2.
+// (A copy of its shape rather than one template: the instruction set is a per-function target
+// attribute, and AVX2-only CPUs must not meet this function's encodings.)
 template <int R>
 __attribute__((target("avx512f,avx2,fma"))) inline void gemm_block_avx512(int kdim, int tri0, const float* A,
                                                                           std::ptrdiff_t ars, std::ptrdiff_t acs,
