@@ -452,8 +452,21 @@ const char* to_string(Backend b) noexcept {
   return "?";
 }
 
-const char* to_string(GateSpace g) noexcept { return g == GateSpace::log ? "log" : "linear"; }
-const char* to_string(StateLayout l) noexcept { return l == StateLayout::kv ? "kv" : "vk"; }
+const char* to_string(GateSpace g) noexcept {
+  switch (g) {
+    case GateSpace::log: return "log";
+    case GateSpace::linear: return "linear";
+  }
+  return "?";
+}
+
+const char* to_string(StateLayout l) noexcept {
+  switch (l) {
+    case StateLayout::kv: return "kv";
+    case StateLayout::vk: return "vk";
+  }
+  return "?";
+}
 
 std::size_t dtype_size(DType d) noexcept {
   switch (d) {

@@ -11,8 +11,10 @@
 // The math is in docs/math.md. Summary, per sequence and output head, state S (dk x dv, fp32):
 //   S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * S_t^T q_t.
 //
-// Thread safety: a Plan is immutable after create(); run() and validate() are const and touch no
-// global mutable state, so one plan may run on many threads and streams at once. All scratch memory
+// Thread safety: a Plan's configuration is fixed at create(); run() and validate() are const and
+// touch no global mutable state, so one plan may run on many threads and streams at once. (A plan
+// that splits sequences also keeps the CUDA graphs of its launches, Options::split_graph: run()
+// fills that cache under its own lock, and copies of the plan share it.) All scratch memory
 // is the workspace the caller passes: two runs in flight at the same time must be given two
 // workspaces (two plans running on two streams share nothing unless the caller makes them).
 #pragma once
@@ -74,11 +76,11 @@ struct Problem {
   int head_dim_v = 128;           // dv, 16..256
 
   DType qkv_dtype = DType::bf16;         // q, k, v and o
-  DType beta_dtype = DType::f32;
-  DType cu_seqlens_dtype = DType::i32;
+  DType beta_dtype = DType::f32;         // f32, f16 or bf16
+  DType cu_seqlens_dtype = DType::i32;   // i32 or i64
   bool has_cu_seqlens = true;
 
-  Strides q, k, v, o, g, beta;
+  Strides q, k, v, o, g, beta;  // per tensor, in its elements (Strides above; 0 = packed)
 
   std::optional<float> scale;  // default head_dim_k^-0.5
 
@@ -102,7 +104,7 @@ struct Problem {
 };
 
 struct Options {
-  Backend backend = Backend::automatic;
+  Backend backend = Backend::automatic;  // a named backend that cannot run the problem: unsupported
   int cpu_threads = 0;  // CPU backend worker threads; 0 = the hardware threads this process may run on (its CPU affinity)
   // CUDA backend: run exactly this kernel (spelled as Plan::kernel_name() reports it, e.g.
   // "cuda-split-wgmma-bf16-k128-w4"); nullptr lets the planner choose. A name that does not exist
@@ -128,7 +130,7 @@ struct Options {
   float split_decay_cutoff = 0.0f;
   // A split call's three to five launches: true (the default) makes them as one CUDA graph that
   // the plan captures at its second call on a stream (the first call launches one by one; a plan
-  // keeps the graphs of its 64 most recently used streams) and then reuses with each call's
+  // keeps its 64 most recently used graphs, one per stream and launch shape) and then reuses with each call's
   // arguments: about 5-7 us of host time on an H100 host against 9-12 us one by one. The cost:
   // the graph's first kernel cannot start early behind the kernel ahead of it on the stream, as a
   // programmatic launch does, about 1-4 us of device time per call back to back
@@ -161,7 +163,8 @@ struct Tensors {
 // Every error gdnkit reports. what() starts with the argument's name; for invalid_value,
 // invalid_type and unsupported it gives what was expected and what was found, e.g. "k: expected 16
 // heads for GVA with Hq=16, got 32"; for cuda (where the argument is the failing call, e.g.
-// "launch") the CUDA runtime's error name and message.
+// "launch") the CUDA runtime's error name and message, or which driver step refused the call
+// (the fused kernels' TMA descriptors).
 class Error : public std::runtime_error {
  public:
   enum class Kind {
@@ -173,6 +176,8 @@ class Error : public std::runtime_error {
   Error(Kind kind, std::string argument, const std::string& message)
       : std::runtime_error(message), kind_(kind), argument_(std::move(argument)) {}
   Kind kind() const noexcept { return kind_; }
+  // The argument or step at fault, as what() begins: "q", "q.token stride", "cu_seqlens[3]",
+  // "workspace", "GDNKIT_CPU_SIMD", "launch".
   const std::string& argument() const noexcept { return argument_; }
 
  private:
@@ -188,10 +193,10 @@ class Plan {
   // Memory::cuda it reads the current device's properties once, here, never in run().
   static Plan create(const Problem& problem, const Options& options = {});
 
-  const Problem& problem() const noexcept;
+  const Problem& problem() const noexcept;  // as given to create()
   Backend backend() const noexcept;      // never automatic
   const char* kernel_name() const noexcept;  // e.g. "cpu-chunked-fp32"
-  std::size_t workspace_bytes() const noexcept;
+  std::size_t workspace_bytes() const noexcept;  // the scratch run() needs (0: pass any pointer)
   int num_output_heads() const noexcept;  // H = max(Hq, Hv)
   float scale() const noexcept;           // the resolved scale
 
@@ -220,7 +225,7 @@ class Plan {
   // them to the host and synchronises stream: call it when debugging, not on the hot path.
   void validate(const Tensors& tensors, Stream stream = nullptr) const;
 
-  // Plans are values: copying one copies its configuration. A moved-from Plan may only be
+  // Plans are values: copying one copies its configuration (and shares its graph cache, above). A moved-from Plan may only be
   // assigned to or destroyed.
   Plan(const Plan&);
   Plan& operator=(const Plan&);
@@ -233,6 +238,8 @@ class Plan {
   PlanImpl* impl_;
 };
 
+// Names as the CLI and error messages spell them ("bf16", "cuda", "log", "kv"); "?" for a value
+// outside the enum. dtype_size: bytes of one element (0 outside the enum).
 const char* to_string(DType dtype) noexcept;
 const char* to_string(Backend backend) noexcept;
 const char* to_string(GateSpace gate_space) noexcept;

@@ -276,7 +276,7 @@ def chunk_gated_delta_rule(
     """
     if head_first:
         raise ValueError("head_first: expected False (tensors [B, T, H, D] or [T, H, D]), got True")
-    if chunk_size not in (16, 32, 64):  # as FLA; gdnkit's kernels always work in 64-token chunks
+    if chunk_size not in (16, 32, 64):  # as FLA; gdnkit picks its own (64-token chunks, 16 in the short walk)
         raise ValueError(f"chunk_size: expected 16, 32 or 64, got {chunk_size!r}")
     if transpose_state_layout is not None:  # FLA's deprecated name of state_v_first
         if state_v_first:

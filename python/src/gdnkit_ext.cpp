@@ -37,7 +37,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-#include <thread>
 
 #include "gdnkit/gdnkit.h"
 
@@ -68,9 +67,6 @@ struct Globals {
   PyObject* np_empty = nullptr;    // numpy.empty
   PyObject* np_float32 = nullptr;  // numpy.dtype('float32')
   PyObject* np_uint16 = nullptr;   // numpy.dtype('uint16') (bf16 NumPy arrays are read through it)
-  // CPU backend threads, counted once: std::thread::hardware_concurrency() reads /sys and costs
-  // microseconds, which Plan::create would otherwise pay on every call.
-  int cpu_threads = 0;
 };
 Globals G;
 
@@ -80,7 +76,6 @@ void init_globals() {
   G.np_empty = nb::object(np.attr("empty")).release().ptr();
   G.np_float32 = np.attr("dtype")("float32").release().ptr();
   G.np_uint16 = np.attr("dtype")("uint16").release().ptr();
-  G.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 bool is_numpy(nb::handle obj) { return PyObject_TypeCheck(obj.ptr(), (PyTypeObject*)G.np_ndarray); }
@@ -1124,7 +1119,7 @@ nb::tuple forward(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::hand
   if (p.memory == gdnkit::Memory::cuda) guard.emplace(q.device_id);
   p.has_initial_state = h0.present;
   gdnkit::Options options;
-  options.cpu_threads = G.cpu_threads;
+  options.cpu_threads = 0;  // the library's count: the threads this process may run on (its affinity)
   options.kernel = kernel;
   if (!segments_obj.is_none()) {
     const long long k = int_arg(segments_obj, "segments");

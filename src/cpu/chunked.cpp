@@ -550,8 +550,14 @@ Config plan(const Problem&, const detail::Shape& shape, const Options& options) 
   const std::int64_t items = shape.N * shape.H;
   c.threads = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(c.threads, items)));
 #if GDNKIT_CPU_AVX2
-  // GDNKIT_CPU_SIMD=baseline or =avx2 caps the instruction set (A/B runs, tests); else the best.
+  // GDNKIT_CPU_SIMD=baseline or =avx2 caps the instruction set (A/B runs, tests); unset, empty or
+  // avx512: the best the CPU has. Any other value is refused rather than read as no cap.
   const char* cap = std::getenv("GDNKIT_CPU_SIMD");
+  if (cap != nullptr && cap[0] != '\0' && std::strcmp(cap, "baseline") != 0 && std::strcmp(cap, "avx2") != 0 &&
+      std::strcmp(cap, "avx512") != 0)
+    detail::fail(Error::Kind::invalid_value, "GDNKIT_CPU_SIMD",
+                 "avx512, avx2, baseline or unset (the environment's cap on the CPU backend's instructions)",
+                 std::string("\"") + cap + "\"");
   const bool baseline = cap != nullptr && std::strcmp(cap, "baseline") == 0;
   const bool avx2_cap = cap != nullptr && std::strcmp(cap, "avx2") == 0;
   if (!baseline && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))

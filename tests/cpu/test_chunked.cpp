@@ -441,7 +441,7 @@ struct SimdEnv {
 };
 
 // The products on the best instruction set the CPU has (AVX-512, AVX2 + FMA, else SSE), capped by
-// GDNKIT_CPU_SIMD=avx2 or =baseline (read by Plan::create): every path within the tolerances on
+// GDNKIT_CPU_SIMD=avx2 or =baseline (read by Plan::create; other values refused): every path within the tolerances on
 // shapes whose rows and columns leave remainders (chunk tails, dv not a multiple of 8 or 16, dk
 // 32), the plan picks the path the CPU allows, AVX-512 gives AVX2's bits (the same fused
 // multiply-adds per element), and AVX2 differs from SSE (fused rounding), so each ran.
@@ -481,7 +481,7 @@ TEST(ChunkedCpu, SimdPaths) {
       r.state = test::gather_state(c);
       return r;
     };
-    const Run best = run("default"), avx2 = run("avx2"), sse = run("baseline");
+    const Run best = run(""), avx2 = run("avx2"), sse = run("baseline");
     SCOPED_TRACE("dk=" + std::to_string(dk) + " dv=" + std::to_string(dv));
     EXPECT_EQ(best.simd, has_avx512 ? "avx512" : has_avx2 ? "avx2" : "baseline");
     EXPECT_EQ(avx2.simd, has_avx2 ? "avx2" : "baseline");
@@ -492,13 +492,35 @@ TEST(ChunkedCpu, SimdPaths) {
                 dv, best.simd.c_str(), best.errors.o, avx2.errors.o, sse.errors.o, best.errors.state,
                 avx2.errors.state, sse.errors.state);
   }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // "avx512" is no cap, like empty; a value the backend does not know is refused by name rather
+  // than read as no cap (a typo would otherwise time the wrong path).
+  {
+    Case c = test::random_case(Spec{});
+    const SimdEnv env("avx512");
+    EXPECT_EQ(cpu::simd_name(cpu::plan(c.problem, c.shape, Options{})),
+              std::string(has_avx512 ? "avx512" : has_avx2 ? "avx2" : "baseline"));
+  }
+  for (const char* bad : {"AVX2", "sse", "avx2 "}) {
+    const SimdEnv env(bad);
+    try {
+      Plan::create(test::random_case(Spec{}).problem);
+      ADD_FAILURE() << "GDNKIT_CPU_SIMD=\"" << bad << "\" was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), Error::Kind::invalid_value);
+      EXPECT_EQ(e.argument(), "GDNKIT_CPU_SIMD");
+      EXPECT_NE(std::string(e.what()).find(std::string("got \"") + bad + "\""), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("avx512, avx2, baseline or unset"), std::string::npos) << e.what();
+    }
+  }
+#endif
 }
 
 // A non-finite input at token t (v NaN, k inf, a NaN gate, beta NaN) poisons the outputs of t and
 // later tokens of its sequence only: the rows of its chunk before t stay as they were with finite
 // inputs, bit for bit (the products' register blocks stop at the diagonal), on every SIMD path.
 TEST(ChunkedCpu, NonFiniteInputStaysCausal) {
-  for (const char* simd : {"default", "avx2", "baseline"}) {
+  for (const char* simd : {"", "avx2", "baseline"}) {
     const SimdEnv env(simd);
     for (int what = 0; what < 4; ++what) {
       Spec s;

@@ -435,6 +435,14 @@ TEST(Errors, NamesAndSizes) {
   EXPECT_STREQ(gdnkit::to_string(DType::bf16), "bf16");
   EXPECT_STREQ(gdnkit::to_string(Backend::cuda), "cuda");
   EXPECT_EQ(gdnkit::dtype_size(DType::i64), 8u);
+  EXPECT_STREQ(gdnkit::to_string(gdnkit::GateSpace::linear), "linear");
+  EXPECT_STREQ(gdnkit::to_string(gdnkit::StateLayout::vk), "vk");
+  // Values outside the enums (a caller's cast of a bad int) are named "?", never another value.
+  EXPECT_STREQ(gdnkit::to_string(static_cast<DType>(9)), "?");
+  EXPECT_STREQ(gdnkit::to_string(static_cast<Backend>(9)), "?");
+  EXPECT_STREQ(gdnkit::to_string(static_cast<gdnkit::GateSpace>(9)), "?");
+  EXPECT_STREQ(gdnkit::to_string(static_cast<gdnkit::StateLayout>(9)), "?");
+  EXPECT_EQ(gdnkit::dtype_size(static_cast<DType>(9)), 0u);
   const Plan plan = Plan::create(small_problem());
   EXPECT_EQ(plan.backend(), Backend::cpu);
   EXPECT_FLOAT_EQ(plan.scale(), 0.25f);  // 16^-0.5
