@@ -10,7 +10,7 @@ namespace gdnkit::cuda {
 
 namespace {
 std::atomic<long long> graphs_built{0}, graph_calls{0}, direct_calls{0}, graph_nodes{0}, programmatic_edges{0},
-    evictions{0}, failures{0};
+    evictions{0}, failures{0}, nodes_set{0};
 std::mutex first_failure_mutex;
 const char* first_failed_call = nullptr;
 cudaError_t first_failed_error = cudaSuccess;
@@ -53,6 +53,7 @@ bool LaunchList::push_bytes(KernelLaunch& l, const void* src, std::size_t bytes,
     return false;
   }
   std::memcpy(storage_ + at, src, bytes);
+  l.arg_bytes[l.num_args] = static_cast<unsigned>(bytes);
   l.args[l.num_args++] = storage_ + at;
   used_ = at + bytes;
   return true;
@@ -74,6 +75,31 @@ cudaError_t LaunchList::launch(cudaStream_t stream) const {
   return cudaSuccess;
 }
 
+bool LaunchGraphs::NodeParams::same(const KernelLaunch& l) const {
+  if (!known || smem != l.smem || grid.x != l.grid.x || grid.y != l.grid.y || grid.z != l.grid.z) return false;
+  std::size_t at = 0;
+  for (int a = 0; a < l.num_args; ++a) {
+    if (at + l.arg_bytes[a] > args.size() || std::memcmp(args.data() + at, l.args[a], l.arg_bytes[a]) != 0)
+      return false;
+    at += l.arg_bytes[a];
+  }
+  return at == args.size();
+}
+
+void LaunchGraphs::NodeParams::remember(const KernelLaunch& l) {
+  std::size_t bytes = 0;
+  for (int a = 0; a < l.num_args; ++a) bytes += l.arg_bytes[a];
+  args.resize(bytes);
+  std::size_t at = 0;
+  for (int a = 0; a < l.num_args; ++a) {
+    std::memcpy(args.data() + at, l.args[a], l.arg_bytes[a]);
+    at += l.arg_bytes[a];
+  }
+  grid = l.grid;
+  smem = l.smem;
+  known = true;
+}
+
 void LaunchGraphs::Graph::release() {
   bool failed = false;
   if (exec != nullptr) failed |= cudaGraphExecDestroy(exec) != cudaSuccess;  // in-flight launches finish first
@@ -81,6 +107,7 @@ void LaunchGraphs::Graph::release() {
   if (failed) cudaGetLastError();  // only the error these calls left
   exec = nullptr;
   graph = nullptr;
+  for (NodeParams& p : last) p.known = false;
 }
 
 LaunchGraphs::~LaunchGraphs() {
@@ -172,6 +199,7 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   }
   g.graph = graph;  // kept: the exec's nodes are named by the graph's (cudaGraphExecKernelNodeSetParams)
   g.exec = exec;
+  for (int i = 0; i < list.size(); ++i) g.last[i].remember(list[i]);  // as captured
   graphs_built.fetch_add(1, std::memory_order_relaxed);
   graph_nodes.fetch_add(list.size(), std::memory_order_relaxed);
   programmatic_edges.fetch_add(edges, std::memory_order_relaxed);
@@ -238,8 +266,10 @@ cudaError_t LaunchGraphs::launch(const LaunchList& list, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(g->mutex);  // graph objects are not thread-safe
     if (g->exec != nullptr && matches(*g, list, stream)) {  // not taken over since find_or_build
       cudaError_t err = cudaSuccess;
+      int set = 0;
       for (int i = 0; i < g->count && err == cudaSuccess; ++i) {
         const KernelLaunch& l = list[i];
+        if (g->last[i].same(l)) continue;  // the exec keeps what was set last
         cudaKernelNodeParams kp{};
         kp.func = const_cast<void*>(g->node_funcs[i]);
         kp.gridDim = l.grid;
@@ -247,7 +277,11 @@ cudaError_t LaunchGraphs::launch(const LaunchList& list, cudaStream_t stream) {
         kp.sharedMemBytes = static_cast<unsigned>(l.smem);
         kp.kernelParams = const_cast<void**>(l.args);
         err = cudaGraphExecKernelNodeSetParams(g->exec, g->nodes[i], &kp);
+        if (err == cudaSuccess) g->last[i].remember(l);
+        else g->last[i].known = false;  // what the node holds now is not known
+        ++set;
       }
+      nodes_set.fetch_add(set, std::memory_order_relaxed);
       if (err == cudaSuccess) {
         graph_calls.fetch_add(1, std::memory_order_relaxed);
         return cudaGraphLaunch(g->exec, stream);
@@ -269,6 +303,7 @@ LaunchGraphStats launch_graph_stats() {
   s.nodes = graph_nodes.load(std::memory_order_relaxed);
   s.programmatic_edges = programmatic_edges.load(std::memory_order_relaxed);
   s.evictions = evictions.load(std::memory_order_relaxed);
+  s.nodes_set = nodes_set.load(std::memory_order_relaxed);
   s.failures = failures.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(first_failure_mutex);
   s.failed_call = first_failed_call;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace gdnkit::cuda {
 
@@ -24,7 +25,8 @@ struct KernelLaunch {
   std::size_t smem = 0;
   unsigned cluster_x = 1;
   int num_args = 0;
-  void* args[kMaxArgs] = {};  // each points at its value in the list's storage
+  void* args[kMaxArgs] = {};             // each points at its value in the list's storage
+  unsigned arg_bytes[kMaxArgs] = {};     // and its size
 };
 
 class LaunchList {
@@ -102,6 +104,14 @@ class LaunchGraphs {
   cudaError_t launch(const LaunchList& list, cudaStream_t stream);
 
  private:
+  struct NodeParams {
+    dim3 grid;
+    std::size_t smem = 0;
+    std::vector<unsigned char> args;  // the arguments' bytes, one after another
+    bool known = false;
+    bool same(const KernelLaunch& l) const;  // whether l sets exactly these
+    void remember(const KernelLaunch& l);    // l's (allocates only where the size grows)
+  };
   struct Graph {
     cudaStream_t stream = nullptr;
     std::thread::id thread;  // the thread that made the first call (told apart on cudaStreamPerThread only)
@@ -115,6 +125,9 @@ class LaunchGraphs {
     unsigned long long last_use = 0;                       // LaunchGraphs::clock_ at its last call
     cudaGraphNode_t nodes[LaunchList::kMaxLaunches] = {};  // in launch order
     const void* node_funcs[LaunchList::kMaxLaunches] = {};  // as the captured nodes name them
+    // Each node's parameters as last set (or captured): a call whose launch has the same grid,
+    // shared memory and argument bytes (a caller whose buffers stay where they are) sets nothing.
+    NodeParams last[LaunchList::kMaxLaunches];
     std::mutex mutex;  // building, taking over, setting the nodes and launching
     void release();    // destroys graph and exec
   };
@@ -136,6 +149,7 @@ struct LaunchGraphStats {
   long long nodes = 0;                // in the graphs built (a kernel each)
   long long programmatic_edges = 0;   // between them (a chain: nodes - graphs edges in all)
   long long evictions = 0;            // (stream, shape) entries taken over by new ones
+  long long nodes_set = 0;            // cudaGraphExecKernelNodeSetParams calls (a node unchanged is not set)
   long long failures = 0;             // CUDA calls that refused to build a graph or set its nodes
   const char* failed_call = nullptr;  // the first of them, if any
   cudaError_t failed_error = cudaSuccess;

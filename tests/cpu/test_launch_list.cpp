@@ -52,11 +52,15 @@ TEST(LaunchList, ArgumentsConvertedAndKept) {
   EXPECT_EQ(arg<int>(a, 0), 7);
   EXPECT_EQ(arg<double>(a, 1), 2.0);
   EXPECT_EQ(arg<const float*>(a, 2), &x);
+  EXPECT_EQ(a.arg_bytes[0], sizeof(int));  // the sizes of the parameter types, not of the arguments
+  EXPECT_EQ(a.arg_bytes[1], sizeof(double));
+  EXPECT_EQ(a.arg_bytes[2], sizeof(const float*));
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.args[1]) % alignof(double), 0u);
 
   for (int k = 1; k < 3; ++k) {
     const KernelLaunch& b = list[k];
     ASSERT_EQ(b.num_args, 1);
+    EXPECT_EQ(b.arg_bytes[0], sizeof(Wide));
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.args[0]) % 64, 0u) << "launch " << k;
     EXPECT_EQ(std::memcmp(b.args[0], w.bytes, sizeof w), 0) << "launch " << k;
     EXPECT_NE(b.args[0], static_cast<const void*>(&w)) << "a copy, not the caller's object";

@@ -1530,6 +1530,17 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     EXPECT_EQ(st2.programmatic_edges - st1.programmatic_edges, st2.nodes - st1.nodes - 1);
     EXPECT_TRUE(same_bits(c.o.buf, o_direct)) << "o differs between the graph and the launches one by one";
     EXPECT_TRUE(same_bits(c.fin.buf, fin_direct)) << "the final state differs between the graph and the launches one by one";
+    EXPECT_EQ(st2.nodes_set, st1.nodes_set) << "the call that captured the graph set its nodes again";
+    // The same arguments again: the graph launches as it is, no node set, the same bits.
+    c.poison_outputs();
+    d.upload();
+    pg.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
+    d.download();
+    const cuda::LaunchGraphStats st2b = cuda::launch_graph_stats();
+    EXPECT_EQ(st2b.nodes_set, st2.nodes_set);
+    EXPECT_EQ(st2b.graph_launches - st2.graph_launches, 1);
+    EXPECT_TRUE(same_bits(c.o.buf, o_direct)) << "o differs on the graph's unchanged launch";
+    EXPECT_TRUE(same_bits(c.fin.buf, fin_direct)) << "the final state differs on the graph's unchanged launch";
 
     // split_graph = false: never a graph.
     for (int i = 0; i < 2; ++i) pd.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
@@ -1546,9 +1557,11 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     const test::Reference ref2 = test::run_reference(c);
     d.upload();
     const test::DeviceWorkspace w2(pg);
+    const cuda::LaunchGraphStats st3b = cuda::launch_graph_stats();
     pg.run(d.tensors(), w2.ptr(), w2.bytes(), nullptr);
     d.download();
     check_downloaded("split, the graph reused", c, ref2, pg);
+    EXPECT_GT(cuda::launch_graph_stats().nodes_set, st3b.nodes_set) << "another workspace set no node";
     for (int i = 0; i < 2; ++i) {
       c.poison_outputs();
       d.upload(s1);
