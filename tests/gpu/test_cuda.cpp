@@ -1546,8 +1546,8 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     for (int i = 0; i < 2; ++i) pd.run(d.tensors(), w.ptr(), w.bytes(), nullptr);
     GDN_CUDA(cudaStreamSynchronize(nullptr));
     const cuda::LaunchGraphStats st3 = cuda::launch_graph_stats();
-    EXPECT_EQ(st3.graphs, st2.graphs);
-    EXPECT_EQ(st3.graph_launches, st2.graph_launches);
+    EXPECT_EQ(st3.graphs, st2b.graphs);
+    EXPECT_EQ(st3.graph_launches, st2b.graph_launches);
 
     // New inputs and another workspace: the graph takes the call's arguments. Another stream gets
     // a graph of its own at its second call.
