@@ -200,6 +200,10 @@ cudaError_t add_cp_launches(const ChunkedParams& p_in, const CpLayout& c, const 
 cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKernel& k1, const FusedMaps& maps,
                       float cutoff, unsigned char* ws, LaunchGraphs* graphs, cudaStream_t stream) {
   LaunchList list;
+  // Every launch's arguments follow from the plan and these addresses (the descriptors in maps
+  // too): a graph that last launched with the same ones sets no node.
+  const void* const key[] = {p.q, p.k, p.v, p.g, p.beta, p.cu_seqlens, p.initial_state, p.o, p.final_state, ws};
+  list.set_key(key, sizeof key);
   const cudaError_t err = add_cp_launches(p, c, k1, maps, cutoff, ws, list);
   GDNKIT_HOST_STAMP(4);
   if (err != cudaSuccess) return err;  // nothing launched

@@ -108,6 +108,7 @@ void LaunchGraphs::Graph::release() {
   exec = nullptr;
   graph = nullptr;
   for (NodeParams& p : last) p.known = false;
+  key.clear();
 }
 
 LaunchGraphs::~LaunchGraphs() {
@@ -200,6 +201,7 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   g.graph = graph;  // kept: the exec's nodes are named by the graph's (cudaGraphExecKernelNodeSetParams)
   g.exec = exec;
   for (int i = 0; i < list.size(); ++i) g.last[i].remember(list[i]);  // as captured
+  g.key.assign(list.key(), list.key() + list.key_bytes());
   graphs_built.fetch_add(1, std::memory_order_relaxed);
   graph_nodes.fetch_add(list.size(), std::memory_order_relaxed);
   programmatic_edges.fetch_add(edges, std::memory_order_relaxed);
@@ -267,7 +269,10 @@ cudaError_t LaunchGraphs::launch(const LaunchList& list, cudaStream_t stream) {
     if (g->exec != nullptr && matches(*g, list, stream)) {  // not taken over since find_or_build
       cudaError_t err = cudaSuccess;
       int set = 0;
-      for (int i = 0; i < g->count && err == cudaSuccess; ++i) {
+      // The call that set every node had the same key: its arguments are this call's.
+      const bool same_key = list.key_bytes() > 0 && g->key.size() == list.key_bytes() &&
+                            std::memcmp(g->key.data(), list.key(), list.key_bytes()) == 0;
+      for (int i = 0; i < g->count && err == cudaSuccess && !same_key; ++i) {
         const KernelLaunch& l = list[i];
         if (g->last[i].same(l)) continue;  // the exec keeps what was set last
         cudaKernelNodeParams kp{};
@@ -282,6 +287,8 @@ cudaError_t LaunchGraphs::launch(const LaunchList& list, cudaStream_t stream) {
         ++set;
       }
       nodes_set.fetch_add(set, std::memory_order_relaxed);
+      if (err == cudaSuccess) g->key.assign(list.key(), list.key() + list.key_bytes());  // every node as this call's
+      else g->key.clear();
       if (err == cudaSuccess) {
         graph_calls.fetch_add(1, std::memory_order_relaxed);
         return cudaGraphLaunch(g->exec, stream);

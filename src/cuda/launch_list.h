@@ -54,6 +54,19 @@ class LaunchList {
   bool add_block(const void* func, dim3 grid, dim3 block, std::size_t smem, unsigned cluster_x, const void* arg,
                  std::size_t bytes, std::size_t align);
 
+  // What the caller says determines every launch's arguments (for a split: the tensors' and the
+  // workspace's addresses; the plan fixes the rest). A graph that last launched with the same key
+  // launches again without setting any node (LaunchGraphs). At most kKeyBytes; false if longer.
+  static constexpr std::size_t kKeyBytes = 128;
+  bool set_key(const void* key, std::size_t bytes) {
+    if (bytes > kKeyBytes) return false;
+    std::memcpy(key_, key, bytes);
+    key_bytes_ = bytes;
+    return true;
+  }
+  const unsigned char* key() const { return key_; }
+  std::size_t key_bytes() const { return key_bytes_; }
+
   int size() const { return count_; }
   const KernelLaunch& operator[](int i) const { return launches_[i]; }
 
@@ -75,6 +88,8 @@ class LaunchList {
   KernelLaunch launches_[kMaxLaunches];
   int count_ = 0;
   bool open_ = false;  // a launch begun and not yet ended
+  unsigned char key_[kKeyBytes] = {};
+  std::size_t key_bytes_ = 0;  // 0: no key
 };
 
 // CUDA graphs of one plan's launch lists: one graph per (stream, list shape), captured at the
@@ -128,6 +143,8 @@ class LaunchGraphs {
     // Each node's parameters as last set (or captured): a call whose launch has the same grid,
     // shared memory and argument bytes (a caller whose buffers stay where they are) sets nothing.
     NodeParams last[LaunchList::kMaxLaunches];
+    // The key of the call whose arguments every node holds (LaunchList::set_key); empty: none.
+    std::vector<unsigned char> key;
     std::mutex mutex;  // building, taking over, setting the nodes and launching
     void release();    // destroys graph and exec
   };
