@@ -131,8 +131,9 @@ bool LaunchGraphs::matches(const Graph& g, const LaunchList& list, cudaStream_t 
 
 // Captures list's launches on a private stream (the caller's may be the legacy stream, which
 // cannot be captured), instantiates them and uploads the result (so that no launch of it
-// allocates); the nodes form a chain in launch order. mutex_ held.
+// allocates); the nodes form a chain in launch order. g.mutex held (not mutex_).
 bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
+  std::lock_guard<std::mutex> capture_lock(capture_mutex_);
   // A capture in global mode on any thread (this one's own on another stream included) must
   // neither refuse these calls nor be broken by them.
   const RelaxedCaptureMode relaxed;
@@ -209,33 +210,45 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
 }
 
 LaunchGraphs::Graph* LaunchGraphs::find_or_build(const LaunchList& list, cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   ++clock_;
   for (Graph& g : graphs_)
     if (matches(g, list, stream)) {
       g.last_use = clock_;
-      // Built at the second call (a refusal may pass: a few more tries).
-      if (g.exec == nullptr && g.tries < kMaxTries) {
-        ++g.tries;
+      if (g.built) return &g;  // launch() checks again under g.mutex
+      // Built at the second call (a refusal may pass: a few more tries), without mutex_: calls on
+      // other streams go on meanwhile (~15-20 us a capture), and a call that finds this one being
+      // built launches one by one rather than wait.
+      if (g.building || g.tries >= kMaxTries) return nullptr;
+      ++g.tries;
+      g.building = true;  // not taken over meanwhile (below)
+      lock.unlock();
+      bool ok = false;
+      {
         std::lock_guard<std::mutex> graph_lock(g.mutex);
-        build(g, list);
+        ok = build(g, list);
       }
-      return g.exec != nullptr ? &g : nullptr;  // launch() checks again under g.mutex
+      lock.lock();
+      g.building = false;
+      g.built = ok;
+      return ok ? &g : nullptr;
     }
   // A new (stream, shape): a new entry, or, once there are kMaxGraphs, the least recently used
-  // one taken over (streams destroyed, threads gone, shapes no longer called). Its graph is
-  // destroyed under its lock: a launch that found it before waits, then sees it no longer matches.
+  // one that no call is building taken over (streams destroyed, threads gone, shapes no longer
+  // called). Its graph is destroyed under its lock: a launch that found it before waits, then sees
+  // it no longer matches.
   Graph* g = nullptr;
   if (graphs_.size() < kMaxGraphs) {
     g = &graphs_.emplace_back();
   } else {
-    g = &graphs_.front();
     for (Graph& e : graphs_)
-      if (e.last_use < g->last_use) g = &e;
+      if (!e.building && (g == nullptr || e.last_use < g->last_use)) g = &e;
+    if (g == nullptr) return nullptr;  // every entry being built: this call launches one by one
     evictions.fetch_add(1, std::memory_order_relaxed);
   }
   std::lock_guard<std::mutex> graph_lock(g->mutex);
   g->release();
+  g->built = false;
   // The first call of a shape on a stream launches one by one: a plan that runs once (a new
   // problem size each call, say) never pays the capture (~15-20 us of host time).
   g->stream = stream;

@@ -136,7 +136,9 @@ class LaunchGraphs {
     unsigned clusters[LaunchList::kMaxLaunches] = {};
     cudaGraph_t graph = nullptr;                           // the captured launches
     cudaGraphExec_t exec = nullptr;                        // nullptr: not built (yet, or it could not be)
-    int tries = 0;
+    int tries = 0;                                         // (tries, building, built: under mutex_)
+    bool building = false;                                 // a call is building it (not under mutex_)
+    bool built = false;                                    // the last build succeeded
     unsigned long long last_use = 0;                       // LaunchGraphs::clock_ at its last call
     cudaGraphNode_t nodes[LaunchList::kMaxLaunches] = {};  // in launch order
     const void* node_funcs[LaunchList::kMaxLaunches] = {};  // as the captured nodes name them
@@ -145,15 +147,18 @@ class LaunchGraphs {
     NodeParams last[LaunchList::kMaxLaunches];
     // The key of the call whose arguments every node holds (LaunchList::set_key); empty: none.
     std::vector<unsigned char> key;
-    std::mutex mutex;  // building, taking over, setting the nodes and launching
+    std::mutex mutex;  // graph, exec and the nodes: building, taking over, setting the nodes and launching
     void release();    // destroys graph and exec
   };
   bool matches(const Graph& g, const LaunchList& list, cudaStream_t stream) const;
   Graph* find_or_build(const LaunchList& list, cudaStream_t stream);
   bool build(Graph& g, const LaunchList& list);
 
-  std::mutex mutex_;           // graphs_ (which entry is whose), capture_, clock_; taken before a Graph's
+  // Lock order: mutex_, then a Graph's mutex, then capture_mutex_. A build holds only the last two,
+  // so that calls on other streams (their graphs found under mutex_) do not wait for a capture.
+  std::mutex mutex_;           // graphs_ (which entry is whose), clock_, each entry's tries and build state
   std::deque<Graph> graphs_;   // never shrinks while the object lives: Graph* stay valid
+  std::mutex capture_mutex_;   // capture_ and the captures on it (one build at a time)
   cudaStream_t capture_ = nullptr;
   unsigned long long clock_ = 0;  // calls that looked for a graph
 };
