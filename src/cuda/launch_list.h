@@ -95,6 +95,9 @@ class LaunchList {
 // CUDA graphs of one plan's launch lists: one graph per (stream, list shape), captured at the
 // shape's second call on that stream (the first launches one by one); each later call sets the
 // nodes' grids, shared memory and arguments (cudaGraphExecKernelNodeSetParams) and launches it.
+// A node is not set again where its launch is byte for byte the one it holds, nor is any where the
+// list's key (LaunchList::set_key) is the one of the call that set them all: a caller whose
+// buffers stay where they are launches the graph as it is.
 // One graph per stream, because a graph's launches are ordered behind its earlier ones: concurrent
 // streams stay concurrent (so cudaStreamPerThread, one handle for a stream per thread, gets a graph
 // per thread). At most kMaxGraphs (stream, shape) pairs are kept; a new one takes over the least
