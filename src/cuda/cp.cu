@@ -202,7 +202,9 @@ cudaError_t launch_cp(const ChunkedParams& p, const CpLayout& c, const SplitKern
   LaunchList list;
   // Every launch's arguments follow from the plan and these addresses (the descriptors in maps
   // too): a graph that last launched with the same ones sets no node.
+  // (A value a call could change besides these, were one added to the call, must join the key.)
   const void* const key[] = {p.q, p.k, p.v, p.g, p.beta, p.cu_seqlens, p.initial_state, p.o, p.final_state, ws};
+  static_assert(sizeof key <= LaunchList::kKeyBytes, "the key fits the list");
   list.set_key(key, sizeof key);
   const cudaError_t err = add_cp_launches(p, c, k1, maps, cutoff, ws, list);
   GDNKIT_HOST_STAMP(4);

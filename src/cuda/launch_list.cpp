@@ -224,9 +224,13 @@ LaunchGraphs::Graph* LaunchGraphs::find_or_build(const LaunchList& list, cudaStr
       g.building = true;  // not taken over meanwhile (below)
       lock.unlock();
       bool ok = false;
-      {
+      try {
         std::lock_guard<std::mutex> graph_lock(g.mutex);
-        ok = build(g, list);
+        ok = build(g, list);  // (allocates: the nodes' parameters and key as captured)
+      } catch (...) {
+        lock.lock();
+        g.building = false;  // taken over or built again later
+        throw;
       }
       lock.lock();
       g.building = false;

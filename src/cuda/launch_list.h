@@ -140,7 +140,7 @@ class LaunchGraphs {
     cudaGraph_t graph = nullptr;                           // the captured launches
     cudaGraphExec_t exec = nullptr;                        // nullptr: not built (yet, or it could not be)
     int tries = 0;                                         // (tries, building, built: under mutex_)
-    bool building = false;                                 // a call is building it (not under mutex_)
+    bool building = false;                                 // a call is building it (the build runs without mutex_)
     bool built = false;                                    // the last build succeeded
     unsigned long long last_use = 0;                       // LaunchGraphs::clock_ at its last call
     cudaGraphNode_t nodes[LaunchList::kMaxLaunches] = {};  // in launch order
@@ -174,7 +174,7 @@ struct LaunchGraphStats {
   long long nodes = 0;                // in the graphs built (a kernel each)
   long long programmatic_edges = 0;   // between them (a chain: nodes - graphs edges in all)
   long long evictions = 0;            // (stream, shape) entries taken over by new ones
-  long long nodes_set = 0;            // cudaGraphExecKernelNodeSetParams calls (a node unchanged is not set)
+  long long nodes_set = 0;            // cudaGraphExecKernelNodeSetParams calls, refused ones too (a node unchanged is not set)
   long long failures = 0;             // CUDA calls that refused to build a graph or set its nodes
   const char* failed_call = nullptr;  // the first of them, if any
   cudaError_t failed_error = cudaSuccess;
