@@ -131,7 +131,9 @@ struct Options {
   // A split call's three to five launches: true (the default) makes them as one CUDA graph that
   // the plan captures at its second call on a stream (the first call launches one by one; a plan
   // keeps its 64 most recently used graphs, one per stream and launch shape) and then reuses with each call's
-  // arguments: about 5-7 us of host time on an H100 host against 9-12 us one by one. The cost:
+  // arguments: about 5-7 us of host time on an H100 host against 9-12 us one by one; a call whose
+  // tensors and workspace are those of the graph's last call sets no node (3.7-4.6 us on an H200
+  // host against 6.3-7.5 us setting them). The cost:
   // the graph's first kernel cannot start early behind the kernel ahead of it on the stream, as a
   // programmatic launch does, about 1-4 us of device time per call back to back
   // (docs/perf-notes.md, "A split launched as one CUDA graph"). On a stream that is being
