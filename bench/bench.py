@@ -299,6 +299,14 @@ def main():
                         f'({r["gdnkit_cpp_kernel"]})' for r in split))
         worse = [r["name"] for r in split if r["gdnkit_cpp_ms"] > r["gdnkit_cpp_unsplit_ms"]]
         print(f"rows where the split is slower than unsplit: {worse or 'none'}")
+    runs = [(r["gdnkit_cpp_host_us"], "gdnkit_cpp_unsplit_ms" in r) for r in results if "gdnkit_cpp_host_us" in r]
+    if runs:  # one Plan::run's host time (enqueue only, the C++ driver's median; inputs rotated as above)
+        spans = []
+        for what, split in (("unsplit", False), ("split", True)):
+            us = [u for u, s in runs if s == split]
+            if us:
+                spans.append(f"{what} {min(us):.1f} to {max(us):.1f} us (median {statistics.median(us):.1f})")
+        print("C++ Plan::run host time: " + "; ".join(spans))
     plans = [r["gdnkit_cpp_plan_us"] for r in results if "gdnkit_cpp_plan_us" in r]
     if plans:
         print(f"C++ Plan::create: {min(plans):.1f} to {max(plans):.1f} us over the rows (median {statistics.median(plans):.1f})")
