@@ -311,13 +311,13 @@ int main(int argc, char** argv) {
       row_host_us.push_back(host_us);
       if (json && with_unsplit && row_ms.size() == 2)
         std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\", "
-                    "\"unsplit_ms\": %.5f, \"unsplit_kernel\": \"%s\", \"plan_us\": %.2f}\n",
+                    "\"unsplit_ms\": %.5f, \"unsplit_kernel\": \"%s\", \"plan_us\": %.2f, \"sets\": %d}\n",
                     row.name.c_str(), T, row_ms[0], row_host_us[0], plans[0].kernel_name(), device_ms,
-                    plan.kernel_name(), plan_us);
+                    plan.kernel_name(), plan_us, nsets);
       else if (json && !(with_unsplit && row_ms.size() == 1))
         std::printf("{\"name\": \"%s\", \"tokens\": %lld, \"device_ms\": %.5f, \"host_us\": %.2f, \"kernel\": \"%s\", "
-                    "\"plan_us\": %.2f}\n",
-                    row.name.c_str(), T, device_ms, host_us, plan.kernel_name(), plan_us);
+                    "\"plan_us\": %.2f, \"sets\": %d}\n",
+                    row.name.c_str(), T, device_ms, host_us, plan.kernel_name(), plan_us, nsets);
       else if (!json)
         std::printf("%-38s %8lld %10.4f %10.2f %s %.2f\n", row.name.c_str(), T, device_ms, host_us, plan.kernel_name(),
                     plan_us);

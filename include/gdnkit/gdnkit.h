@@ -12,9 +12,10 @@
 //   S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = scale * S_t^T q_t.
 //
 // Thread safety: a Plan's configuration is fixed at create(); run() and validate() are const and
-// touch no global mutable state, so one plan may run on many threads and streams at once. (A plan
-// that splits sequences also keeps the CUDA graphs of its launches, Options::split_graph: run()
-// fills that cache under its own lock, and copies of the plan share it.) All scratch memory
+// change nothing shared but, thread-safely, process-wide diagnostic counters and a split plan's
+// cache of CUDA graphs, so one plan may run on many threads and streams at once. (A plan that
+// splits sequences keeps the CUDA graphs of its launches, Options::split_graph: run() fills that
+// cache under its own locks, and copies of the plan share it.) All scratch memory
 // is the workspace the caller passes: two runs in flight at the same time must be given two
 // workspaces (two plans running on two streams share nothing unless the caller makes them).
 #pragma once

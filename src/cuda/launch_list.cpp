@@ -5,6 +5,7 @@
 #include "cuda/pdl_launch.h"
 
 #include <atomic>
+#include <new>
 
 namespace gdnkit::cuda {
 
@@ -133,6 +134,16 @@ bool LaunchGraphs::matches(const Graph& g, const LaunchList& list, cudaStream_t 
 // cannot be captured), instantiates them and uploads the result (so that no launch of it
 // allocates); the nodes form a chain in launch order. g.mutex held (not mutex_).
 bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
+  // The host memory a built graph keeps (its nodes' parameters as captured, the call's key), taken
+  // first: a build short of it makes nothing and throws nothing (the call launches one by one).
+  try {
+    for (int i = 0; i < list.size(); ++i) g.last[i].remember(list[i]);
+    g.key.assign(list.key(), list.key() + list.key_bytes());
+  } catch (const std::bad_alloc&) {
+    g.release();
+    note_failure("host memory for a graph's node parameters", cudaErrorMemoryAllocation);
+    return false;
+  }
   std::lock_guard<std::mutex> capture_lock(capture_mutex_);
   // A capture in global mode on any thread (this one's own on another stream included) must
   // neither refuse these calls nor be broken by them.
@@ -141,6 +152,8 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
   auto fail = [&](const char* call, cudaError_t err) {
     note_failure(call, err);
     if (graph != nullptr) cudaGraphDestroy(graph);
+    for (NodeParams& p : g.last) p.known = false;  // no graph holds them
+    g.key.clear();
     cudaGetLastError();  // a refusal here is not the caller's error: the call launches one by one
     return false;
   };
@@ -200,9 +213,7 @@ bool LaunchGraphs::build(Graph& g, const LaunchList& list) {
     return fail("cudaGraphUpload", err);
   }
   g.graph = graph;  // kept: the exec's nodes are named by the graph's (cudaGraphExecKernelNodeSetParams)
-  g.exec = exec;
-  for (int i = 0; i < list.size(); ++i) g.last[i].remember(list[i]);  // as captured
-  g.key.assign(list.key(), list.key() + list.key_bytes());
+  g.exec = exec;    // (its nodes' parameters and key: remembered above, as captured)
   graphs_built.fetch_add(1, std::memory_order_relaxed);
   graph_nodes.fetch_add(list.size(), std::memory_order_relaxed);
   programmatic_edges.fetch_add(edges, std::memory_order_relaxed);
@@ -226,7 +237,7 @@ LaunchGraphs::Graph* LaunchGraphs::find_or_build(const LaunchList& list, cudaStr
       bool ok = false;
       try {
         std::lock_guard<std::mutex> graph_lock(g.mutex);
-        ok = build(g, list);  // (allocates: the nodes' parameters and key as captured)
+        ok = build(g, list);  // false where the runtime refuses or host memory is short
       } catch (...) {
         lock.lock();
         g.building = false;  // taken over or built again later

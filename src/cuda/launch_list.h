@@ -101,7 +101,8 @@ class LaunchList {
 // One graph per stream, because a graph's launches are ordered behind its earlier ones: concurrent
 // streams stay concurrent (so cudaStreamPerThread, one handle for a stream per thread, gets a graph
 // per thread). At most kMaxGraphs (stream, shape) pairs are kept; a new one takes over the least
-// recently used. Thread-safe. A stream that is capturing gets the launches one by one (they join
+// recently used that no call is building (every one being built: the call launches one by one).
+// Thread-safe. A stream that is capturing gets the launches one by one (they join
 // the caller's graph), as do every call after a graph of its shape could not be built kMaxTries
 // times and a call whose arguments the graph refuses (launch_graph_stats counts the refusals and
 // keeps the first). The calls that build, set and launch a graph run in relaxed capture mode

@@ -1562,6 +1562,20 @@ TEST_F(Cuda, ContextParallelLaunchGraph) {
     d.download();
     check_downloaded("split, the graph reused", c, ref2, pg);
     EXPECT_GT(cuda::launch_graph_stats().nodes_set, st3b.nodes_set) << "another workspace set no node";
+    // The same workspace with every tensor in other buffers (a second device copy of the case): the
+    // call's key differs, so the nodes take the new addresses and the results land there.
+    {
+      c.poison_outputs();
+      DeviceCase d2(c);  // uploads the inputs and the poisoned outputs
+      const cuda::LaunchGraphStats before = cuda::launch_graph_stats();
+      pg.run(d2.tensors(), w2.ptr(), w2.bytes(), nullptr);
+      d2.download();
+      check_downloaded("split, the graph on other tensors", c, ref2, pg);
+      const cuda::LaunchGraphStats after = cuda::launch_graph_stats();
+      EXPECT_GT(after.nodes_set, before.nodes_set) << "other tensors set no node";
+      EXPECT_EQ(after.graph_launches - before.graph_launches, 1);
+      EXPECT_EQ(after.failures, before.failures) << failed(after);
+    }
     for (int i = 0; i < 2; ++i) {
       c.poison_outputs();
       d.upload(s1);
