@@ -12,6 +12,8 @@ near zero; final states are fp32 and are checked to 1e-5 of the largest |S|, whi
 accumulation over a few hundred tokens stays well below (~1e-6 measured).
 """
 
+import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -525,6 +527,38 @@ def test_runs_without_torch_or_cuda():
                        env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok False"
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="GDNKIT_CPU_SIMD is read on x86-64 only")
+def test_cpu_simd_cap_from_the_environment():
+    """GDNKIT_CPU_SIMD caps the CPU backend's instructions when a problem is first planned: avx2 and
+    baseline run (the outputs within the CPU path's error of each other), a value the library does
+    not know is a ValueError naming the variable, not a silent choice."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        import gdnkit
+        rng = np.random.default_rng(5)
+        q = (rng.standard_normal((70, 2, 32)) * 0.2).astype(np.float16)
+        try:
+            o, _ = gdnkit.chunk_gated_delta_rule(q, q, q)
+        except ValueError as e:
+            print("ValueError", e)
+        else:
+            print("ok", float(np.abs(o.astype(np.float64)).sum()))
+        """
+    )
+    out = {}
+    for cap in ("avx2", "baseline", "avx3"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "GDNKIT_CPU_SIMD": cap})
+        assert r.returncode == 0, r.stderr
+        out[cap] = r.stdout.strip()
+    assert out["avx3"].startswith("ValueError GDNKIT_CPU_SIMD: expected avx512, avx2, baseline or unset"), out["avx3"]
+    assert 'got "avx3"' in out["avx3"], out["avx3"]
+    a, b = (float(out[c].split()[1]) for c in ("avx2", "baseline"))
+    assert out["avx2"].startswith("ok") and out["baseline"].startswith("ok")
+    assert abs(a - b) <= 1e-3 * abs(a), (a, b)
 
 
 # --------------------------------------------------------------------------------------------
