@@ -126,7 +126,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
     fused_aux<F>(fp, smem, order, tid);
   } else {
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
     if constexpr (F::kKqFirst)
       if (tid == 128) fused_later_first_copies<F>(fp, smem, order);
 #endif

@@ -24,7 +24,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   int j = 0;  // chunks handed to the state warpgroups
   ChunkPos cur = chunks.first();
   if (chunks.valid(cur)) {
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
     if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 takes over)
       ChunkPos c = cur;  // (with F::kKqFirst, chunk 0's K and Q: fused_later_first_copies)
       for (int k = 0; k < (F::kKqFirst ? 1 : 3) && chunks.valid(c); ++k, c = chunks.next(c)) {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       probe.mark();
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
       probe.mark();
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
       mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
 #endif
       probe.mark();
@@ -81,7 +81,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         probe.mark();
       }
 #endif
-#if GDNKIT_FUSED_PROBE_SKIP != 1
+#if GDNKIT_PROBE_RECORDS
       // With kAuxP the peer's copy brings the whole record (Mt, P, gam, dec) of its chunks: nothing
       // to form here. (Both products' wgmma groups, issue to wait, lie inside this branch: ptxas
       // 13.0 keeps the kernel's wgmma unserialized.) Otherwise it forms Mt where the chunk is its

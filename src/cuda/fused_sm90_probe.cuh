@@ -5,11 +5,16 @@
 
 #include "cuda/fused_sm90_traits.cuh"
 
+// What a GDNKIT_FUSED_PROBE_SKIP build keeps (both 1 without it).
+#define GDNKIT_PROBE_RECORDS (GDNKIT_FUSED_PROBE_SKIP != 1 && GDNKIT_FUSED_PROBE_SKIP != 4)
+#define GDNKIT_PROBE_COPIES (GDNKIT_FUSED_PROBE_SKIP != 3 && GDNKIT_FUSED_PROBE_SKIP != 4)
+
 namespace gdnkit::cuda {
 
 // Cycle stamps of the aux's phases (thread 0 of CTA (0, 0, 0), chunk 8), printed, in builds with
 // GDNKIT_FUSED_PROBE defined: a measurement aid, compiled out otherwise. GDNKIT_FUSED_PROBE_SKIP
-// (1: no records, 2: no walk steps, 3: no copies; results are wrong then) times the roles apart.
+// (1: no records, 2: no walk steps, 3: no copies, 4: neither records nor copies; results are wrong
+// then) times the roles apart.
 struct FusedProbe {
 #ifdef GDNKIT_FUSED_PROBE
   long long t[16];

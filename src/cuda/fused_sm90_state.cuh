@@ -152,7 +152,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
       GDNKIT_STEP_MARK(1);
@@ -160,7 +160,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // are free (below). In the walk-list kernels chunk j + 2's K and Q go there first, ahead of
       // the O store and V's copy (kKqFirst; the 64-column kernels have copied them already, at the
       // end of step j - 1: kKqAtEnd).
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
       if (kKqFirst && tid == 0 && j >= 1) {
         const int a = F::ahead(smem, s)[1];
         if (a >= 0) copy.kq(a, (j + 2) % 3);
@@ -179,7 +179,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       // V's copy goes there too where O is staged: it waits for the store's reads of the stage.
       constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || !kStoreAtEnd;
       const auto copy_kq = [&] {
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
         if (!kKqFirst && !kKqAtEnd && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[1];
           if (a >= 0) copy.kq(a, (j + 2) % 3);
@@ -187,7 +187,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 #endif
       };
       const auto copy_v = [&] {
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
         if (tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
@@ -265,7 +265,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
       if constexpr (kStoreAtEnd) {
         if (kKqAtEnd || o_pending >= 0) named_sync(F::kBarP, 128);  // every warp's stmatrix and products
-#if GDNKIT_FUSED_PROBE_SKIP != 3
+#if GDNKIT_PROBE_COPIES
         if (kKqAtEnd && tid == 0) {  // chunk j's K and Q stage is free: chunk j + 3's go there
           const int a = F::ahead(smem, s)[2];
           if (a >= 0) copy.kq(a, j % 3);

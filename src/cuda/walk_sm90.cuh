@@ -35,6 +35,9 @@
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
 #endif
+#ifndef GDNKIT_WALK_QS_LATE
+#define GDNKIT_WALK_QS_LATE 0
+#endif
 
 #include "cuda/walk_kernel.cuh"
 #include "cuda/wgmma_sm90.cuh"
@@ -77,6 +80,9 @@ struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kBlockSolve = kBlockSolve_;
+  // Q S in a commit group of its own, waited for with Vn (GDNKIT_WALK_QS_LATE; the whole-Mt walk
+  // only, whose Vn is one product group): Xt is formed while Q S runs.
+  static constexpr bool kQsLate = GDNKIT_WALK_QS_LATE && !kBlockSolve_;
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
@@ -284,6 +290,7 @@ struct WgmmaWalk {
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
+      if constexpr (kQsLate) gmma_commit();  // K S alone: Xt waits for it only
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
@@ -293,11 +300,17 @@ struct WgmmaWalk {
       GDNKIT_STEP_MARK(3);
       aside();
       GDNKIT_STEP_MARK(4);
-      gmma_wait<0>();
-      GDNKIT_STEP_MARK(5);
-      gmma_fence(kf);
-      gmma_fence(qf);
-      fence_all(sa);
+      if constexpr (kQsLate) {
+        gmma_wait<1>();  // K S; Q S (and the St fragments it reads) stay in flight through Xt and Vn
+        GDNKIT_STEP_MARK(5);
+        gmma_fence(kf);
+      } else {
+        gmma_wait<0>();
+        GDNKIT_STEP_MARK(5);
+        gmma_fence(kf);
+        gmma_fence(qf);
+        fence_all(sa);
+      }
     } else {
       aside();
     }
@@ -318,10 +331,14 @@ struct WgmmaWalk {
       lower_products<NB>(vf, xa, dm);
       gmma_commit();
       GDNKIT_STEP_MARK(7);
-      gmma_wait<0>();
+      gmma_wait<0>();  // with kQsLate, Q S too
       GDNKIT_STEP_MARK(8);
       gmma_fence(vf);
       fence_all(xa);
+      if constexpr (kQsLate) {
+        gmma_fence(qf);
+        fence_all(sa);
+      }
     }
   }
 
