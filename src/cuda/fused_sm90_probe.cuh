@@ -5,6 +5,8 @@
 
 #include "cuda/fused_sm90_traits.cuh"
 
+// GDNKIT_FUSED_PROBE_NO_VWAIT 1: the state warpgroups neither wait for V's copy nor, before issuing
+// it, for the previous O store's reads of its stage (results wrong).
 // What a GDNKIT_FUSED_PROBE_SKIP build keeps (both 1 without it).
 #define GDNKIT_PROBE_RECORDS (GDNKIT_FUSED_PROBE_SKIP != 1 && GDNKIT_FUSED_PROBE_SKIP != 4)
 #define GDNKIT_PROBE_COPIES (GDNKIT_FUSED_PROBE_SKIP != 3 && GDNKIT_FUSED_PROBE_SKIP != 4)

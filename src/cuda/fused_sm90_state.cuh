@@ -152,7 +152,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
       if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
-#if GDNKIT_PROBE_COPIES
+#if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
       mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
       GDNKIT_STEP_MARK(1);
@@ -191,7 +191,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         if (tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
+#if !GDNKIT_FUSED_PROBE_NO_VWAIT
             bulk_wait_read<0>();  // chunk j - 1's O, staged where V goes
+#endif
             copy.v(a, (j + 1) % 2);
           }
         }

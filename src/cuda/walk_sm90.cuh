@@ -18,9 +18,11 @@
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
 //
 // Three waits per step: K S with Q S, then Vn, then P Vn and Vd K as two commit groups, with O
-// stored once P Vn retires while Vd K still runs. (Keeping Q S in flight while Xt is formed would
-// save another, but at dk = 128 the St fragments it reads must then stay live and ptxas
-// serialises every wgmma for want of registers; docs/perf-notes.md, d377ab1.)
+// stored once P Vn retires while Vd K still runs. (Q S kept in flight while Xt and Vn are formed,
+// waited for with Vn: ptxas serialises every wgmma (C7515) unless the zero-state path takes the
+// products too and Vn's first products overwrite instead of zeroed registers; so built, the
+// 64-column pairs measured within the noise and the walk-list kernels spilled: not kept,
+// docs/perf-notes.md, "The walk's copies".)
 //
 // wgmma reads shared memory through the async proxy. The zero fills (the upper triangles in
 // prepare, the rows past a tail chunk's end in load) are ordinary stores, so the threads that
@@ -34,9 +36,6 @@
 // bit 2 ptxas also drops Q S and P Vn, whose results then feed nothing (docs/perf-notes.md).
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
-#endif
-#ifndef GDNKIT_WALK_QS_LATE
-#define GDNKIT_WALK_QS_LATE 0
 #endif
 
 #include "cuda/walk_kernel.cuh"
@@ -80,9 +79,6 @@ struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kBlockSolve = kBlockSolve_;
-  // Q S in a commit group of its own, waited for with Vn (GDNKIT_WALK_QS_LATE; the whole-Mt walk
-  // only, whose Vn is one product group): Xt is formed while Q S runs.
-  static constexpr bool kQsLate = GDNKIT_WALK_QS_LATE && !kBlockSolve_;
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
@@ -290,7 +286,6 @@ struct WgmmaWalk {
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
-      if constexpr (kQsLate) gmma_commit();  // K S alone: Xt waits for it only
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
@@ -300,17 +295,11 @@ struct WgmmaWalk {
       GDNKIT_STEP_MARK(3);
       aside();
       GDNKIT_STEP_MARK(4);
-      if constexpr (kQsLate) {
-        gmma_wait<1>();  // K S; Q S (and the St fragments it reads) stay in flight through Xt and Vn
-        GDNKIT_STEP_MARK(5);
-        gmma_fence(kf);
-      } else {
-        gmma_wait<0>();
-        GDNKIT_STEP_MARK(5);
-        gmma_fence(kf);
-        gmma_fence(qf);
-        fence_all(sa);
-      }
+      gmma_wait<0>();
+      GDNKIT_STEP_MARK(5);
+      gmma_fence(kf);
+      gmma_fence(qf);
+      fence_all(sa);
     } else {
       aside();
     }
@@ -331,14 +320,10 @@ struct WgmmaWalk {
       lower_products<NB>(vf, xa, dm);
       gmma_commit();
       GDNKIT_STEP_MARK(7);
-      gmma_wait<0>();  // with kQsLate, Q S too
+      gmma_wait<0>();
       GDNKIT_STEP_MARK(8);
       gmma_fence(vf);
       fence_all(xa);
-      if constexpr (kQsLate) {
-        gmma_fence(qf);
-        fence_all(sa);
-      }
     }
   }
 
