@@ -2,7 +2,7 @@
 """Warp-stall samples per SASS instruction and per stall reason, from an Nsight Compute report.
 
     ncu --section SourceCounters -o rep <app>             # on the GPU machine
-    python3 scripts/ncu_stalls.py rep.ncu-rep [--from 0x19000] [--to 0x20000] [--top 30]
+    python3 scripts/ncu_stalls.py rep.ncu-rep [--from 0x19000] [--to 0x20000] [--top 30] [--csv all.csv]
 
 ncu's CSV source page gives only the total of a line's samples; the per-reason split (barrier, wait,
 short_scoreboard, mio_throttle, ...) is in the report's smsp__pcsamp_warps_issue_stalled_* metrics,
@@ -27,6 +27,7 @@ def main():
     ap.add_argument('--from', dest='lo', type=lambda x: int(x, 0), default=0)
     ap.add_argument('--to', dest='hi', type=lambda x: int(x, 0), default=1 << 40)
     ap.add_argument('--top', type=int, default=30)
+    ap.add_argument('--csv', help='also write every instruction with samples (offset, samples, executed, each reason) to this file')
     args = ap.parse_args()
     action = ncu_report.load_report(args.report).range_by_idx(0).action_by_idx(0)
     cols = {}
@@ -52,6 +53,12 @@ def main():
           f"{n:.0f} samples ({100 * n / sum(total.values()):.1f}% of the kernel's)")
     share = sorted(((sum(cols[r].get(pc, 0) for pc in sel), r) for r in reasons), reverse=True)
     print('  ' + ', '.join(f'{r} {100 * c / n:.1f}%' for c, r in share if c))
+    if args.csv:
+        with open(args.csv, 'w') as f:
+            f.write('offset,samples,executed,' + ','.join(reasons) + '\n')
+            for pc in pcs:
+                f.write(f"{pc - base:#x},{total.get(pc, 0):.0f},{cols['inst_executed'].get(pc, 0):.0f},"
+                        + ','.join(f'{cols[r].get(pc, 0):.0f}' for r in reasons) + '\n')
     print(f"{'offset':>8} {'samples':>8} {'executed':>10}  top reasons")
     for pc in sorted(sel, key=lambda pc: -total.get(pc, 0))[:args.top]:
         top = sorted(((cols[r].get(pc, 0), r) for r in reasons), reverse=True)[:3]
