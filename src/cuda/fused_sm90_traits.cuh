@@ -43,8 +43,8 @@
 #define GDNKIT_FUSED_P_BARRIER_LATE 1
 #endif
 
-// GDNKIT_FUSED_AUX_HOIST: in the aux of the 64-column kernels with P (kAuxP, 255 registers), the
-// pair's rank and the chunk cursor's list bounds read once per CTA instead of at every use.
+// GDNKIT_FUSED_AUX_HOIST: in the 64-column kernels with P (kAuxP, 255 registers), the pair's rank
+// (both roles) and the aux's chunk cursor's list bounds read once per CTA instead of at every use.
 #ifndef GDNKIT_FUSED_AUX_HOIST
 #define GDNKIT_FUSED_AUX_HOIST 0
 #endif
