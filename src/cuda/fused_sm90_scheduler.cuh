@@ -138,12 +138,23 @@ struct ChunkPos {
 };
 
 // The CTA's chunks in walk order: first() is chunk 0, next(c) the one after c (past the end:
-// !valid(c)). Empty walks have no chunks.
-template <bool kWalks>
+// !valid(c)). Empty walks have no chunks. kCached: the list's end and stride read once (cache(),
+// before first use) and held in registers, instead of from the parameters (and, with
+// longest-first shares, shared memory) at every call.
+template <bool kWalks, bool kCached = false>
 struct ChunkCursor {
   const ChunkedParams& p;
   const int* order;
-  __device__ bool valid(const ChunkPos& c) const { return c.i < cta_list<kWalks>(p, order).end; }
+  std::int64_t end_ = 0;
+  int stride_ = 0;
+  __device__ void cache() {
+    const ListSpan l = cta_list<kWalks>(p, order);
+    end_ = l.end, stride_ = l.stride;
+  }
+  __device__ bool valid(const ChunkPos& c) const {
+    if constexpr (kCached) return c.i < end_;
+    return c.i < cta_list<kWalks>(p, order).end;
+  }
   // The first chunk of the first non-empty walk among the CTA's list entries from i on (cta_list).
   __device__ ChunkPos seek(int i) const {
     const ListSpan l = cta_list<kWalks>(p, order);
@@ -157,7 +168,7 @@ struct ChunkCursor {
   __device__ ChunkPos first() const { return seek(cta_list<kWalks>(p, order).first); }
   __device__ ChunkPos next(const ChunkPos& c) const {
     if (c.c0 + kChunk < c.eos) return {c.i, c.eos, c.c0 + kChunk};
-    return seek(c.i + cta_list<kWalks>(p, order).stride);
+    return seek(c.i + (kCached ? stride_ : cta_list<kWalks>(p, order).stride));
   }
 };
 
