@@ -126,16 +126,19 @@ fi
 
 # compute-sanitizer's cases on the CLI: a mixed varlen batch (empty and 1-token sequences, [dv, dk]
 # state), many sequences (wide walk CTAs, linear gates) and one f16 sequence; then the fused kernel
-# required by name on a small and a medium batch, and its 64-column variant; the short walk on a
-# batch of short and longer sequences; then a sequence split into segments (context parallelism),
-# small and medium, with the decay shortcut, a packed batch split in value and map pairs, and one
-# sequence in 32 segments (a long scan).
+# required by name on a small and a medium batch, and its 64-column variant alone (dv = 64) and in
+# pairs (a small and a medium batch); the short walk on a batch of short and longer sequences;
+# then a sequence split into segments (context parallelism), small and medium, with the decay
+# shortcut, a packed batch split in value and map pairs, and one sequence in 32 segments (a long
+# scan).
 SANITIZE_CASES=("--lens 200,65,1,0,130 --heads 2,2,4 --layout vk"
                 "--lens 70,70,70,70,70,70,70,128 --heads 16,16,16 --gate linear"
                 "--lens 300 --heads 1,1,2 --dtype f16"
                 "--lens 200,65,1,0,130 --heads 2,2,4 --layout vk --kernel cuda-fused-sm90-bf16-k128"
                 "--lens 1000,700,64,3 --heads 4,4,8 --dk 64 --dtype f16 --gate linear --kernel cuda-fused-sm90-f16-k64"
                 "--lens 300,1,130 --heads 2,2,4 --dv 64 --kernel cuda-fused-sm90-bf16-k128-v64"
+                "--lens 300,1,130 --heads 2,2,4 --kernel cuda-fused-sm90-bf16-k128-v64"
+                "--lens 1500,70 --heads 2,2,4 --kernel cuda-fused-sm90-bf16-k128-v64"
                 "--lens 2,0,16,17,1,40,5,300 --heads 2,2,4 --kernel cuda-short-bf16-k128-w8"
                 "--lens 700 --heads 1,1,2 --segments 4"
                 "--lens 2000 --heads 2,2,8 --dk 64 --segments 9"
