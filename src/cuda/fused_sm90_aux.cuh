@@ -22,19 +22,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   // to hold them.
   constexpr bool kHoist = F::kAuxP;
   ChunkCursor<F::kWalks, kHoist> chunks{p, order};
-  int pair_rank = -1;
-  if constexpr (kHoist) {
-    chunks.cache();
-    pair_rank = fused_paired<F>() ? static_cast<int>(cluster_rank()) : -1;
-  }
-  const auto own = [&](int jj) {
-    if constexpr (kHoist) return pair_rank >= 0 && (jj & 1) == pair_rank;
-    else return pair_own<F>(jj);
-  };
-  const auto from_peer = [&](int jj) {
-    if constexpr (kHoist) return pair_rank >= 0 && (jj & 1) != pair_rank;
-    else return pair_from_peer<F>(jj);
-  };
+  if constexpr (kHoist) chunks.cache();
+  const PairTests<F, kHoist> pair;
   const FusedCopier<F> copy{fp, smem};
 
   constexpr int R = F::kRecStages;
@@ -76,7 +65,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
           const ChunkPos nxt3 = more2 ? chunks.next(nxt2) : nxt2;
           F::ahead(smem, j % R)[2] = more2 && chunks.valid(nxt3) ? nxt3.c0 : -1;
         }
-        if (from_peer(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's copy
+        if (pair.from_peer(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's copy
       }
       probe.mark();
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
@@ -103,16 +92,16 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       // to form here. (Both products' wgmma groups, issue to wait, lie inside this branch: ptxas
       // 13.0 keeps the kernel's wgmma unserialized.) Otherwise it forms Mt where the chunk is its
       // own (always with kAuxP, said as a constant so that the path without Mt is not compiled).
-      if (!(F::kAuxP && from_peer(j))) {
+      if (!(F::kAuxP && pair.from_peer(j))) {
         fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
                         reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
-                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !from_peer(j),
+                        gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair.from_peer(j),
                         p.scale);
         if constexpr (F::kAuxP) probe.mark();
       }
 #endif
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 24);
-      if (own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
+      if (pair.own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
         if (tid == 0) {

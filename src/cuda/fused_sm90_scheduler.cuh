@@ -120,7 +120,7 @@ __device__ __forceinline__ bool fused_paired() {
 // to the peer (own), or the peer does (from the peer). Both read the cluster's special registers
 // at each use rather than hold the pair and rank in registers across the walk (the state and aux
 // warpgroups of the 128-column kernel are at their budgets); the 64-column pairs (kAuxP), which
-// keep 255 registers, hold the rank instead (fused_aux, fused_state).
+// keep 255 registers, hold the rank instead (PairTests).
 template <class F>
 __device__ __forceinline__ bool pair_own(int j) {
   return fused_paired<F>() && (j & 1) == static_cast<int>(cluster_rank());
@@ -129,6 +129,23 @@ template <class F>
 __device__ __forceinline__ bool pair_from_peer(int j) {
   return fused_paired<F>() && (j & 1) != static_cast<int>(cluster_rank());
 }
+// The same tests with the rank read once and held (kHeld: the 64-column pairs, kAuxP; rank -1 when
+// not paired), or read at each use as above.
+template <class F, bool kHeld>
+struct PairTests {
+  int rank = -1;
+  __device__ PairTests() {
+    if constexpr (kHeld) rank = fused_paired<F>() ? static_cast<int>(cluster_rank()) : -1;
+  }
+  __device__ bool own(int j) const {
+    if constexpr (kHeld) return rank >= 0 && (j & 1) == rank;
+    return pair_own<F>(j);
+  }
+  __device__ bool from_peer(int j) const {
+    if constexpr (kHeld) return rank >= 0 && (j & 1) != rank;
+    return pair_from_peer<F>(j);
+  }
+};
 
 // A chunk position in the CTA's list of walks: list entry i, chunk at token c0 of a walk ending at
 // eos; i >= walk_count: past the end. 32-bit (TMA coordinates are, and launch_fused refuses

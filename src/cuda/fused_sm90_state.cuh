@@ -57,9 +57,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   const int warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.y;
   // In the pairs (kAuxP) the pair's rank read once, -1 when not paired (fused_aux says why).
-  constexpr bool kHoist = F::kAuxP;
-  int pair_rank = -1;
-  if constexpr (kHoist) pair_rank = fused_paired<F>() ? static_cast<int>(cluster_rank()) : -1;
+  const PairTests<F, F::kAuxP> pair;
   // A map CTA's columns are columns of M (dk x dk), the others value columns.
   const bool is_map = F::kWalks && map_cta(p);
   const int v0 = (is_map ? static_cast<int>(blockIdx.x) - p.value_blocks : static_cast<int>(blockIdx.x)) * F::DVB;
@@ -147,7 +145,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
 #endif
       GDNKIT_STEP_MARK(0);
       const int s = j % R;
-      const bool from_peer = kHoist ? pair_rank >= 0 && (j & 1) != pair_rank : pair_from_peer<F>(j);
+      const bool from_peer = pair.from_peer(j);
       if (from_peer && j >= 1) {  // done with this CTA's Mt of chunk j - 1: the peer may copy chunk j + 2 there
         __syncwarp();
         if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, (j - 1) % R), cluster_rank() ^ 1u));
