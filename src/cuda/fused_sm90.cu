@@ -151,7 +151,7 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
 #endif
   void* args[] = {&fp};
   const unsigned cluster = fused_cluster_x(F::DVB / 16, params, grid);
-  const PdlLaunch launch(grid, dim3(F::kThreads), fused_smem_bytes<T, DK, DVB, kWalks>(), stream, true, cluster);
+  const PdlLaunch launch(grid, dim3(F::kLaunchThreads), fused_smem_bytes<T, DK, DVB, kWalks>(), stream, true, cluster);
   return cudaLaunchKernelExC(&launch.config, fused_func<T, DK, DVB, kWalks>(cluster == 2), args);
 }
 
@@ -168,7 +168,7 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      nullptr,
                      fused_func<T, DK, DVB, kWalks>(false),
                      &launch_fused<T, DK, DVB, kWalks>,
-                     F::kThreads,
+                     F::kLaunchThreads,
                      true,
                      has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr,
                      false,

@@ -2,7 +2,8 @@
 // path in one warp-specialised CTA per (value block of DVB = 128 or 64 columns, head, sequence
 // list), so that no record goes through global memory and K and Q are read once.
 //
-// One aux warpgroup and DVB / 64 state warpgroups (384 or 256 threads):
+// One aux warpgroup, DVB / 64 state warpgroups and, in the unsplit 64-column kernels, a producer
+// warpgroup (384 threads each):
 //   aux (warps 0-3)    computes each chunk's record into shared memory up to R - 1 chunks ahead of the
 //                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
@@ -22,11 +23,15 @@
 //                      throughout. State thread 0 issues the later chunks' TMA copies as each
 //                      step frees a stage (with two state warpgroups while the step's K S and
 //                      Q S are in flight), at the positions the aux publishes (F::ahead): the
-//                      aux, the bound, issues none.
+//                      aux, the bound, issues none;
+//   producer (warp 8)  in the unsplit 64-column kernels (F::kProducer) the copies and O stores
+//                      that state thread 0 issues elsewhere, as the state warpgroup finishes each
+//                      step (fused_producer): a state thread that issued them stalled the whole
+//                      warpgroup's next step. Warps 9-11 only give up their registers.
 // With two state warpgroups, registers move from the aux to them (setmaxnreg: 120 + 2 x 192 =
 // 3 x 168; below 192 for the state, ptxas serializes every wgmma of the kernel, C7512; the aux
 // fits 120 without spills since Q K^T moved to the state warpgroups and the chunk cursor is
-// 32-bit). With one, every warpgroup keeps 255.
+// 32-bit). With the producer, from it to the others (40 + 2 x 232; they use up to 220).
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
@@ -112,7 +117,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     }
   }
   if (fp.p.longest_first) {
-    rank_longest_first<F::kThreads>(fp.p, order, order + kLongestFirstMaxSeqs, tid);  // ends with a CTA barrier
+    rank_longest_first<F::kLaunchThreads>(fp.p, order, order + kLongestFirstMaxSeqs, tid);  // ends with a CTA barrier
     if (!F::kWalks && fp.p.lpt) {
       if (tid < 32) lpt_share(fp.p, order, order + kLongestFirstMaxSeqs, tid);
       __syncthreads();
@@ -124,13 +129,20 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
   GDNKIT_FUSED_STAMP(tid == 0, 1);
   if (tid < 128) {
     if constexpr (F::kStateWarpgroups == 2) regs_down<F::kAuxRegs>();
+    if constexpr (F::kProducer) regs_up<F::kRoleRegs>();
     fused_aux<F>(fp, smem, order, tid);
+  } else if (F::kProducer && tid >= F::kThreads) {
+    if constexpr (F::kProducer) {
+      regs_down<F::kProducerRegs>();
+      if (tid < F::kThreads + 32) fused_producer<F>(fp, smem, order, tid - F::kThreads);
+    }
   } else {
 #if GDNKIT_PROBE_COPIES
-    if constexpr (F::kKqFirst)
+    if constexpr (F::kKqFirst && !F::kProducer)
       if (tid == 128) fused_later_first_copies<F>(fp, smem, order);
 #endif
     if constexpr (F::kStateWarpgroups == 2) regs_up<F::kStateRegs>();
+    if constexpr (F::kProducer) regs_up<F::kRoleRegs>();
     fused_state<F>(fp, smem, order, tid - 128);
   }
   GDNKIT_FUSED_STAMP(tid % 32 == 0, 32 + tid / 32);
@@ -157,7 +169,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
 // grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a
 // hold only a trap (the planner never picks the kernel there).
 template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false, bool kPacked = false>
-__global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks, kAuxP>::kThreads, 1)
+__global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks, kAuxP>::kLaunchThreads, 1)
     gdn_fused_kernel(const __grid_constant__ FusedParams fp) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();

@@ -17,7 +17,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const ChunkedParams& p = fp.p;
   constexpr int C = kChunk;
   const int h = blockIdx.y;
-  // In the pairs (kAuxP, 255 registers) the pair's rank (-1: not paired) and the list's bounds are
+  // In the pairs (kAuxP, 232 registers) the pair's rank (-1: not paired) and the list's bounds are
   // read once, not at every use (3-5% of the pairs' time); the 128-column kernels have no registers
   // to hold them.
   constexpr bool kHoist = F::kAuxP;

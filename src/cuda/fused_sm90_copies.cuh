@@ -2,6 +2,7 @@
 // past a tail chunk's end.
 #pragma once
 
+#include "cuda/fused_sm90_probe.cuh"
 #include "cuda/fused_sm90_scheduler.cuh"
 #include "cuda/fused_sm90_traits.cuh"
 
@@ -39,6 +40,53 @@ struct FusedCopier {
       tma_load_3d(d + b * (kChunk * 128), &fp.v, bar, blockIdx.x * F::DVB + 64 * b, c0, blockIdx.y / fp.p.v_group);
   }
 };
+
+// The producer warp (F::kProducer; lane = 0..31): the copies state thread 0 issues otherwise, in the
+// same places of the walk: chunks 1-2's K and Q and 0-1's V once chunk 0's K and Q have landed
+// (fused_later_first_copies), then as the state warpgroup finishes each step j (kBarProd + j % 2):
+// chunk j's staged O (a full chunk), chunk j + 3's K and Q into its stage, and, once that store has
+// read the V stage, chunk j + 2's V there (after FULL of chunk j + 1 otherwise). Its own cursor
+// gives the positions (the state warpgroup's come from the aux, F::ahead). Two barrier ids in turn:
+// the state reaches step j + 2's end only after V of chunk j + 2, copied past this wait of step j.
+template <class F>
+__device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned char* smem, const int* order, int lane) {
+  const ChunkCursor<F::kWalks> chunks{fp.p, order};
+  const FusedCopier<F> copy{fp, smem};
+  ChunkPos c[4];  // chunks j .. j + 3 (past the end: !valid)
+  c[0] = chunks.first();
+  if (!chunks.valid(c[0])) return;
+  for (int k = 1; k < 4; ++k) c[k] = chunks.valid(c[k - 1]) ? chunks.next(c[k - 1]) : c[k - 1];
+#if GDNKIT_PROBE_COPIES
+  if (lane == 0) {
+    mbar_wait(F::kq_bar(smem, 0), 0);
+    copy.v(c[0].c0, 0);
+    for (int k = 1; k < 3 && chunks.valid(c[k]); ++k) {
+      copy.kq(c[k].c0, k);
+      if (k < 2) copy.v(c[k].c0, k);
+    }
+  }
+#endif
+  for (int j = 0;; ++j) {
+    named_sync(F::kBarProd + j % 2, 128 + 32);
+#if GDNKIT_PROBE_COPIES
+    if (lane == 0) {
+      if (chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
+      if (c[0].nrows() == kChunk) {  // O staged in chunk j's V stage (fused_state's o_stage)
+        tma_store_3d(&fp.o, F::v(smem, j % 2), static_cast<int>(blockIdx.x) * F::DVB, c[0].c0, blockIdx.y);
+        bulk_commit();
+      }
+      if (chunks.valid(c[2])) {
+        bulk_wait_read<0>();
+        copy.v(c[2].c0, j % 2);
+      }
+    }
+#endif
+    if (!chunks.valid(c[1])) break;
+    c[0] = c[1], c[1] = c[2], c[2] = c[3];
+    if (chunks.valid(c[3])) c[3] = chunks.next(c[3]);
+  }
+  if (lane == 0) bulk_wait<0>();  // no store in flight at exit
+}
 
 // Zeroes rows [from, to) of a staged 128-byte-swizzled tile of `blocks` column blocks (the rows past
 // a tail chunk's end, which TMA filled from the next sequence), by 128 threads (tid < 128).

@@ -120,7 +120,7 @@ __device__ __forceinline__ bool fused_paired() {
 // to the peer (own), or the peer does (from the peer). Both read the cluster's special registers
 // at each use rather than hold the pair and rank in registers across the walk (the state and aux
 // warpgroups of the 128-column kernel are at their budgets); the 64-column pairs (kAuxP), which
-// keep 255 registers, hold the rank instead (PairTests).
+// keep 232 registers (255 without the producer warpgroup), hold the rank instead (PairTests).
 template <class F>
 __device__ __forceinline__ bool pair_own(int j) {
   return fused_paired<F>() && (j & 1) == static_cast<int>(cluster_rank());

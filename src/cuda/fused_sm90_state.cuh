@@ -190,7 +190,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       const auto copy_v = [&] {
 #if GDNKIT_PROBE_COPIES
-        if (tid == 0 && j >= 1) {
+        if (!F::kProducer && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
 #if !GDNKIT_FUSED_PROBE_NO_VWAIT
@@ -267,7 +267,12 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       }
       if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
       o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
-      if constexpr (kStoreAtEnd) {
+      if constexpr (F::kProducer) {
+        // The producer stores the staged O and copies chunk j + 3's K and Q and chunk j + 2's V once
+        // every state warp is past here (its stmatrix fenced above, its products retired).
+        named_arrive(F::kBarProd + j % 2, 128 + 32);
+        o_pending = -1;
+      } else if constexpr (kStoreAtEnd) {
         if (kKqAtEnd || o_pending >= 0) named_sync(F::kBarP, 128);  // every warp's stmatrix and products
 #if GDNKIT_PROBE_COPIES
         if (kKqAtEnd && tid == 0) {  // chunk j's K and Q stage is free: chunk j + 3's go there

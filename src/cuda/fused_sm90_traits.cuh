@@ -43,6 +43,16 @@
 #define GDNKIT_FUSED_P_BARRIER_LATE 1
 #endif
 
+// GDNKIT_FUSED_PRODUCER: the unsplit 64-column kernels get a third warpgroup, one warp of which
+// issues every TMA copy after chunk 0's K and Q and every staged O store (fused_producer), so that
+// no state thread stalls issuing them; the aux and the state warpgroup then keep 232 registers.
+// 1 (default). 0: state thread 0 issues them between its steps. Against 0 (docs/perf-notes.md,
+// "A producer warp for the 64-column kernels"): the pairs 2.4-3.9% faster; the walk-list kernels,
+// which keep state thread 0's copies, unchanged.
+#ifndef GDNKIT_FUSED_PRODUCER
+#define GDNKIT_FUSED_PRODUCER 1
+#endif
+
 namespace gdnkit::cuda {
 
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
@@ -62,7 +72,11 @@ struct FusedSm90 {
   // aux forms every record and P.
   static constexpr bool kAuxP = kAuxP_;
   static_assert(!kAuxP || (DVB_ == 64 && !kWalks_), "P in the aux: the unsplit 64-column kernel");
-  static constexpr int kThreads = 128 * (1 + kStateWarpgroups);
+  static constexpr int kThreads = 128 * (1 + kStateWarpgroups);  // the aux and state warpgroups
+  // The producer warpgroup (GDNKIT_FUSED_PRODUCER): the unsplit 64-column kernels.
+  static constexpr bool kProducer = DVB_ == 64 && !kWalks_ && GDNKIT_FUSED_PRODUCER != 0;
+  static constexpr int kLaunchThreads = kThreads + (kProducer ? 128 : 0);
+  static constexpr int kProducerRegs = 40, kRoleRegs = 232;  // 40 + 2 x 232 <= 3 x 168
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
   // kBlockSolve: the walk solves each chunk's Vn by block substitution over its two 32-token halves:
@@ -85,7 +99,7 @@ struct FusedSm90 {
 #define GDNKIT_FUSED_AUX_REGS 120
 #define GDNKIT_FUSED_STATE_REGS 192
 #endif
-  // (Two warpgroups, DVB = 64, keep the launch's 255 per thread: no register moves.)
+  // (DVB = 64: with the producer warpgroup 40 + 2 x 232 (kRoleRegs); without, every warpgroup keeps 255.)
   static constexpr int kAuxRegs = GDNKIT_FUSED_AUX_REGS, kStateRegs = GDNKIT_FUSED_STATE_REGS;
   static_assert(kAuxRegs + 2 * kStateRegs <= 3 * 168 && kAuxRegs % 8 == 0 && kStateRegs % 8 == 0,
                 "setmaxnreg budget of a 384-thread CTA");
@@ -96,6 +110,7 @@ struct FusedSm90 {
 #endif
   // The aux copies chunk 0's K and Q alone first (GDNKIT_FUSED_FIRST_COPIES).
   static constexpr bool kKqFirst = GDNKIT_FUSED_FIRST_COPIES == 2 && !kWalks;
+  static_assert(kKqFirst || !kProducer, "the producer takes over the copies after chunk 0's K and Q");
   static_assert(GDNKIT_FUSED_FIRST_COPIES == 0 || GDNKIT_FUSED_FIRST_COPIES == 2, "first copies: 0 or 2");
   static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
   static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
@@ -103,7 +118,9 @@ struct FusedSm90 {
   // kBarDiag + w / 2: aux warp w + 1's rows of A are in place for warp w (w = 0, 2; the diagonal pairs).
   static constexpr int kBarAux = 1, kBarFull = 2, kBarEmpty = kBarFull + kRecStages, kBarP = kBarEmpty + kRecStages;
   static constexpr int kBarDiag = kBarP + 1;
-  static_assert(kBarDiag + 1 < 16, "hardware named barriers");
+  // kBarProd + j % 2: the state warpgroup is done with step j (kProducer; fused_producer).
+  static constexpr int kBarProd = kBarDiag + 2;
+  static_assert(kBarProd + 1 < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile

@@ -105,7 +105,7 @@ void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   cuda::FusedParams fp;
   const bool encoded = cuda::make_fused_params<T, DK>(p, &fp);
   ASSERT_TRUE(encoded);
-  run_grid(grid, F::kThreads, [&] { cuda::fused_cta<F, kPacked>(fp); });
+  run_grid(grid, F::kLaunchThreads, [&] { cuda::fused_cta<F, kPacked>(fp); });
   EXPECT_TRUE(cuda::g_tma_pending.empty()) << "TMA copies nobody waited for";
   cuda::g_tma_pending.clear();
   EXPECT_EQ(cuda::g_bulk_unperformed.load(), 0) << "TMA stores nobody waited for";
