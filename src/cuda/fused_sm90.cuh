@@ -3,7 +3,7 @@
 // list), so that no record goes through global memory and K and Q are read once.
 //
 // One aux warpgroup, DVB / 64 state warpgroups and, in the unsplit 64-column kernels, a producer
-// warpgroup (384 threads each):
+// warpgroup (384 threads; the walk-list 64-column kernels 256):
 //   aux (warps 0-3)    computes each chunk's record into shared memory up to R - 1 chunks ahead of the
 //                      walk: K K^T on wgmma (both operands from the swizzled K tile, in flight
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
@@ -31,7 +31,8 @@
 // With two state warpgroups, registers move from the aux to them (setmaxnreg: 120 + 2 x 192 =
 // 3 x 168; below 192 for the state, ptxas serializes every wgmma of the kernel, C7512; the aux
 // fits 120 without spills since Q K^T moved to the state warpgroups and the chunk cursor is
-// 32-bit). With the producer, from it to the others (40 + 2 x 232; they use up to 220).
+// 32-bit). With the producer, from it to the others (40 + 2 x 232; they use up to 220). The
+// walk-list 64-column kernels keep 255 in both warpgroups.
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
 // walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
@@ -65,8 +66,9 @@
 namespace gdnkit::cuda {
 
 // One CTA: its barriers and the record tiles' zeros (overlapping the previous kernel, PDL), its
-// walk-list entries or longest-first order into shared memory, then the two roles (aux: threads
-// 0-127, fused_aux; state: the rest, fused_state), registers moved between them by setmaxnreg.
+// walk-list entries or longest-first order into shared memory, then the roles (aux: threads
+// 0-127, fused_aux; state: the next 128 or 256, fused_state; producer: the last 128 where
+// F::kProducer, fused_producer), registers moved between them by setmaxnreg.
 // kPacked (walk-list kernels only): a packed split's stage 1 that places its own entries
 // (cp_warp_packed_stage1) instead of reading the builder's list.
 template <class F, bool kPacked = false>
@@ -166,7 +168,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
 #endif
 }
 
-// grid = (dv / DVB, H, min(N, 65535) or fewer); 128 + 2 DVB threads. Images other than sm_90a
+// grid = (dv / DVB, H, min(N, 65535) or fewer); F::kLaunchThreads threads. Images other than sm_90a
 // hold only a trap (the planner never picks the kernel there).
 template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false, bool kPacked = false>
 __global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks, kAuxP>::kLaunchThreads, 1)

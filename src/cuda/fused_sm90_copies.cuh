@@ -9,9 +9,10 @@
 namespace gdnkit::cuda {
 
 // TMA copies of the chunk at token c0 into a stage, by one thread: it arms the stage's mbarrier and
-// issues the boxes (64 columns x 64 tokens each). The aux issues chunks 0-2 (K, Q) and 0-1 (V);
-// state thread 0 the rest, as each step frees the previous chunk's stages, at the tokens the aux
-// leaves in F::ahead (the state warpgroups keep no cursor: registers).
+// issues the boxes (64 columns x 64 tokens each). The aux issues chunks 0-2 (K, Q) and 0-1 (V)
+// (chunk 0's K and Q only, with F::kKqFirst); state thread 0 the rest, as each step frees the
+// previous chunk's stages, at the tokens the aux leaves in F::ahead (the state warpgroups keep no
+// cursor: registers), or with F::kProducer the producer warp (fused_producer, its own cursor).
 template <class F>
 struct FusedCopier {
   const FusedParams& fp;
@@ -44,12 +45,16 @@ struct FusedCopier {
 // The producer warp (F::kProducer; lane = 0..31): the copies state thread 0 issues otherwise, in the
 // same places of the walk: chunks 1-2's K and Q and 0-1's V once chunk 0's K and Q have landed
 // (fused_later_first_copies), then as the state warpgroup finishes each step j (kBarProd + j % 2):
-// chunk j's staged O (a full chunk), chunk j + 3's K and Q into its stage, and, once that store has
-// read the V stage, chunk j + 2's V there (after FULL of chunk j + 1 otherwise). Its own cursor
-// gives the positions (the state warpgroup's come from the aux, F::ahead). Two barrier ids in turn:
-// the state reaches step j + 2's end only after V of chunk j + 2, copied past this wait of step j.
+// chunk j + 3's K and Q into chunk j's stage, chunk j's staged O (a full chunk), and, once that
+// store has read the V stage, chunk j + 2's V there (after FULL of chunk j + 1 otherwise). Its own
+// cursor gives the positions (the state warpgroup's come from the aux, F::ahead). Two barrier ids
+// in turn: the state reaches step j + 2's end only after its wait for V of chunk j + 2, copied past
+// this wait of step j (so the probe builds that drop the state's V wait are refused below).
 template <class F>
 __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned char* smem, const int* order, int lane) {
+#if !GDNKIT_PROBE_COPIES || GDNKIT_FUSED_PROBE_NO_VWAIT
+  static_assert(!F::kProducer, "the producer's barrier ids rely on the state's wait for V: probe with GDNKIT_FUSED_PRODUCER=0");
+#endif
   const ChunkCursor<F::kWalks> chunks{fp.p, order};
   const FusedCopier<F> copy{fp, smem};
   ChunkPos c[4];  // chunks j .. j + 3 (past the end: !valid)

@@ -44,7 +44,8 @@
 #endif
 
 // GDNKIT_FUSED_PRODUCER: the unsplit 64-column kernels get a third warpgroup, one warp of which
-// issues every TMA copy after chunk 0's K and Q and every staged O store (fused_producer), so that
+// issues the K, Q and V copies after chunk 0's K and Q and every staged O store (fused_producer; the
+// aux keeps chunk 0's and a pair's record copies), so that
 // no state thread stalls issuing them; the aux and the state warpgroup then keep 232 registers.
 // 1 (default). 0: state thread 0 issues them between its steps. Against 0 (docs/perf-notes.md,
 // "A producer warp for the 64-column kernels"): the pairs 2.4-3.9% faster; the walk-list kernels,
@@ -76,7 +77,9 @@ struct FusedSm90 {
   // The producer warpgroup (GDNKIT_FUSED_PRODUCER): the unsplit 64-column kernels.
   static constexpr bool kProducer = DVB_ == 64 && !kWalks_ && GDNKIT_FUSED_PRODUCER != 0;
   static constexpr int kLaunchThreads = kThreads + (kProducer ? 128 : 0);
-  static constexpr int kProducerRegs = 40, kRoleRegs = 232;  // 40 + 2 x 232 <= 3 x 168
+  static constexpr int kProducerRegs = 40, kRoleRegs = 232;
+  static_assert(kProducerRegs + 2 * kRoleRegs <= 3 * 168 && kProducerRegs % 8 == 0 && kRoleRegs % 8 == 0,
+                "setmaxnreg budget of a 384-thread CTA");
   // The state warpgroups' products (WgmmaWalk's), with V staged as TMA lands it: 128-byte-swizzled
   // column blocks of 64 value columns.
   // kBlockSolve: the walk solves each chunk's Vn by block substitution over its two 32-token halves:
@@ -110,7 +113,9 @@ struct FusedSm90 {
 #endif
   // The aux copies chunk 0's K and Q alone first (GDNKIT_FUSED_FIRST_COPIES).
   static constexpr bool kKqFirst = GDNKIT_FUSED_FIRST_COPIES == 2 && !kWalks;
-  static_assert(kKqFirst || !kProducer, "the producer takes over the copies after chunk 0's K and Q");
+  static_assert(kKqFirst || !kProducer,
+                "the producer takes over the copies after chunk 0's K and Q: GDNKIT_FUSED_FIRST_COPIES=0 needs "
+                "GDNKIT_FUSED_PRODUCER=0");
   static_assert(GDNKIT_FUSED_FIRST_COPIES == 0 || GDNKIT_FUSED_FIRST_COPIES == 2, "first copies: 0 or 2");
   static constexpr int kRecStages = DVB == 64 || (kWalks && DK == 128) ? 3 : GDNKIT_FUSED_REC_STAGES;
   static_assert(kRecStages == 2 || kRecStages == 3, "two or three record stages");
