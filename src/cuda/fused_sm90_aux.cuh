@@ -17,9 +17,9 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   const ChunkedParams& p = fp.p;
   constexpr int C = kChunk;
   const int h = blockIdx.y;
-  // In the pairs (kAuxP, 232 registers; 255 without the producer warpgroup) the pair's rank (-1: not paired) and the list's bounds are
-  // read once, not at every use (3-5% of the pairs' time); the 128-column kernels have no registers
-  // to hold them.
+  // In the pairs (kAuxP, 232 registers; 255 without the producer warpgroup) the pair's rank (-1:
+  // not paired) and the list's bounds are read once, not at every use (3-5% of the pairs' time);
+  // the 128-column kernels have no registers to hold them.
   constexpr bool kHoist = F::kAuxP;
   ChunkCursor<F::kWalks, kHoist> chunks{p, order};
   if constexpr (kHoist) chunks.cache();
@@ -56,7 +56,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       const int nrows = cur.nrows();
       // Chunk j - R is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - R).
       if (j >= R) named_sync(F::kBarEmpty + j % R, F::kThreads);
-      if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j]; not read by a producer's)
+      if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j]; a producer has its own)
         const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
         F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
         F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;

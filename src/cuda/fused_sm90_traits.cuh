@@ -45,8 +45,8 @@
 
 // GDNKIT_FUSED_PRODUCER: the unsplit 64-column kernels get a third warpgroup, one warp of which
 // issues the K, Q and V copies after chunk 0's K and Q and every staged O store (fused_producer; the
-// aux keeps chunk 0's and a pair's record copies), so that
-// no state thread stalls issuing them; the aux and the state warpgroup then keep 232 registers.
+// aux keeps chunk 0's copies and a pair's record copies), so that no state thread stalls issuing
+// them; the aux and the state warpgroup then keep 232 registers.
 // 1 (default). 0: state thread 0 issues them between its steps. Against 0 (docs/perf-notes.md,
 // "A producer warp for the 64-column kernels"): the pairs 2.4-3.9% faster; the walk-list kernels,
 // which keep state thread 0's copies, unchanged.
