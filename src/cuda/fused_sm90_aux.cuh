@@ -57,13 +57,15 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       // Chunk j - R is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - R).
       if (j >= R) named_sync(F::kBarEmpty + j % R, F::kThreads);
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j]; a producer has its own)
-        const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
-        F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
-        F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
-        if constexpr (F::kStateWarpgroups == 1) {  // (fused_state's kKqAtEnd)
-          const bool more2 = more && chunks.valid(nxt2);
-          const ChunkPos nxt3 = more2 ? chunks.next(nxt2) : nxt2;
-          F::ahead(smem, j % R)[2] = more2 && chunks.valid(nxt3) ? nxt3.c0 : -1;
+        if constexpr (!F::kProducer) {
+          const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
+          F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
+          F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
+          if constexpr (F::kStateWarpgroups == 1) {  // (fused_state's kKqAtEnd)
+            const bool more2 = more && chunks.valid(nxt2);
+            const ChunkPos nxt3 = more2 ? chunks.next(nxt2) : nxt2;
+            F::ahead(smem, j % R)[2] = more2 && chunks.valid(nxt3) ? nxt3.c0 : -1;
+          }
         }
         if (pair.from_peer(j)) mbar_expect_tx(F::rec_full_bar(smem, j % R), F::rec_copy_bytes);  // the peer's copy
       }

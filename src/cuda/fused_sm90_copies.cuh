@@ -72,6 +72,7 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
   }
 #endif
   for (int j = 0;; ++j) {
+    __syncwarp();  // lane 0's copies above: the warp meets the barrier converged (bar.sync is aligned)
     named_sync(F::kBarProd + j % 2, 128 + 32);
 #if GDNKIT_PROBE_COPIES
     if (lane == 0) {
