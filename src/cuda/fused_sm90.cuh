@@ -26,7 +26,8 @@
 //                      aux, the bound, issues none;
 //   producer (warp 8)  in the unsplit 64-column kernels (F::kProducer) the copies and O stores
 //                      that state thread 0 issues elsewhere, as the state warpgroup finishes each
-//                      step (fused_producer): a state thread that issued them stalled the whole
+//                      step (fused_producer), at positions from its own cursor (the aux publishes
+//                      none there): a state thread that issued them stalled the whole
 //                      warpgroup's next step. Warps 9-11 only give up their registers.
 // With two state warpgroups, registers move from the aux to them (setmaxnreg: 120 + 2 x 192 =
 // 3 x 168; below 192 for the state, ptxas serializes every wgmma of the kernel, C7512; the aux
