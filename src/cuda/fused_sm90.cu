@@ -61,21 +61,6 @@ bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t
 
 namespace {
 
-// Clusters along x: pairs of CTAs x, x ^ 1 that walk the same chunks of one head share their
-// records (fused_paired in fused_sm90_scheduler.cuh). At 64 columns (warps == 4) that holds for the value
-// blocks of a call and, in a split's stage 1 (map_out set), for pairs that do not straddle the
-// value and map blocks. At 128 (warps == 8) only in a split's stage 1 of one value and one map
-// CTA per segment where the planner asks for it (ChunkedParams::cp_pairs; exact splits: the decay
-// shortcut stops the map walks early). 1: no clusters.
-unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
-  if (grid.x % 2 != 0) return 1u;
-  if (warps == 8)
-    return p.cp_pairs && p.map_out != nullptr && p.map_end == nullptr && p.value_blocks == 1 && grid.x == 2 ? 2u : 1u;
-  if (warps != 4) return 1u;
-  if (p.map_out != nullptr && p.value_blocks % 2 != 0) return 1u;
-  return 2u;
-}
-
 // The unsplit 64-column kernel has a second instantiation for CTAs launched in pairs, whose aux
 // forms P (FusedSm90::kAuxP); a launch takes it where it forms clusters. Both take the larger of
 // their shared memory sizes (one CTA per SM either way).

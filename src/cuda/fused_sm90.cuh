@@ -74,7 +74,7 @@ namespace gdnkit::cuda {
 // (cp_warp_packed_stage1) instead of reading the builder's list.
 template <class F, bool kPacked = false>
 __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GDNKIT_DYNAMIC_SMEM(smem_raw);
   unsigned char* const smem =
       smem_raw + ((kSwizzleAtomBytes - (smem_addr(smem_raw) & (kSwizzleAtomBytes - 1))) & (kSwizzleAtomBytes - 1));
   const int tid = threadIdx.x;

@@ -97,8 +97,24 @@ __device__ __forceinline__ void walk_range(const ChunkedParams& p, const int* or
   }
 }
 
+// The launch's clusters along x (fused_sm90.cu; the emulator's harness takes the same): pairs of
+// CTAs x, x ^ 1 that walk the same chunks of one head share their records (fused_paired below).
+// At 64 columns (warps == 4) that holds for the value blocks of a call and, in a split's stage 1
+// (map_out set), for pairs that do not straddle the value and map blocks. At 128 (warps == 8) only
+// in a split's stage 1 of one value and one map CTA per segment where the planner asks for it
+// (ChunkedParams::cp_pairs; exact splits: the decay shortcut stops the map walks early).
+// 1: no clusters.
+inline unsigned fused_cluster_x(int warps, const ChunkedParams& p, dim3 grid) {
+  if (grid.x % 2 != 0) return 1u;
+  if (warps == 8)
+    return p.cp_pairs && p.map_out != nullptr && p.map_end == nullptr && p.value_blocks == 1 && grid.x == 2 ? 2u : 1u;
+  if (warps != 4) return 1u;
+  if (p.map_out != nullptr && p.value_blocks % 2 != 0) return 1u;
+  return 2u;
+}
+
 // Whether the CTA shares records with the other CTA of its cluster (ranks 0 and 1, CTAs x and x ^ 1
-// of the grid): the launch (fused_cluster_x, fused_sm90.cu) forms clusters of two only where both
+// of the grid): the launch (fused_cluster_x above) forms clusters of two only where both
 // CTAs of every pair walk the same chunks of the same head (two value-column blocks of 64, two
 // map-column blocks of 64 of a split's stage 1, or its value and map CTA of 128, value_map_pair),
 // so their records are equal. Rank r then forms Mt of the chunks j with j % 2 == r and copies it into the peer's stage;

@@ -22,6 +22,10 @@ namespace gdnkit::cuda {
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
+// Declares `name` as the CTA's dynamic shared memory. The kernels declare it only through this
+// macro, which the emulator (tests/emu/fake) defines as the emulated CTA's own, so that the CTAs of
+// a cluster can run there at once.
+#define GDNKIT_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 
 // Four 8 x 8 16-bit matrices; lanes 8 m .. 8 m + 7 give the row addresses of matrix m, and r[m]
 // receives matrix m in the C layout of one 8 x 8 quarter (lane holds row g, columns 2t, 2t+1).

@@ -546,7 +546,7 @@ __device__ __forceinline__ void walk_cta(const ChunkedParams& p) {
   constexpr int DK = W::DK, DVB = W::DVB;
   constexpr int NKT = DK / 8;  // 8-column key tiles of St
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GDNKIT_DYNAMIC_SMEM(smem_raw);
   unsigned char* const smem =
       smem_raw + ((W::align - (smem_addr(smem_raw) & (W::align - 1))) & (W::align - 1));  // W::align-aligned
 

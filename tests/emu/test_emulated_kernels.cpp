@@ -2,7 +2,9 @@
 // kernel of fused_sm90.cuh), compiled for the host and run against the fp64 oracle, with no GPU.
 //
 // tests/emu/fake/ stands in for the CUDA headers and intrinsics the kernels use: one std::thread
-// per GPU thread, __syncthreads and named barriers as barriers, ldmatrix, mma.sync, movmatrix and
+// per GPU thread, the CTAs of a cluster at once (each with its own shared memory and barriers; the
+// fused kernel's pairs copy records into each other and release stages by remote arrivals as on
+// the GPU), __syncthreads and named barriers as barriers, ldmatrix, mma.sync, movmatrix and
 // wgmma exchanging operands through per-warp (per-warpgroup) buffers with the fragment layouts of
 // the PTX ISA, and TMA boxes that land when their mbarrier is waited on. The kernel source itself is the real one, so what this checks is its logic: fragment
 // mappings, shared-memory layouts, tail chunks, sequence bounds, head mappings, strides, options.
@@ -32,7 +34,8 @@
 #include "common/test_util.h"
 
 namespace gdnkit::cuda {
-alignas(1024) unsigned char smem_raw[kSmemBytes];  // the walk's (or the fused kernel's) dynamic shared memory
+alignas(1024) unsigned char smem_raw[kSmemBytes];   // CTA 0's dynamic shared memory (of its cluster: run_grid)
+alignas(1024) unsigned char smem_raw1[kSmemBytes];  // CTA 1's
 alignas(1024) unsigned char smem[200 * 1024];      // the prep kernel's
 }  // namespace gdnkit::cuda
 
@@ -43,34 +46,49 @@ using test::Case;
 using test::Errors;
 using test::Spec;
 
-// Runs body once per thread of every CTA of grid, one CTA at a time.
+// Runs body once per thread of every CTA of grid, one cluster of cluster_x CTAs (1 or 2, along x)
+// at a time: the CTAs of a cluster run at once, each with its own shared memory (0xff bytes at
+// the start), barriers and exchange buffers (EmuCta, fake/mock.h).
 template <typename F>
-void run_grid(dim3 grid, unsigned threads, F&& body) {
+void run_grid(dim3 grid, unsigned threads, F&& body, unsigned cluster_x = 1) {
+  ASSERT_TRUE(cluster_x == 1 || (cluster_x == 2 && grid.x % 2 == 0)) << "clusters of " << cluster_x;
+  ASSERT_TRUE(threads % 32 == 0 && threads <= 32 * (sizeof(EmuCta::warp) / sizeof(EmuCta::warp[0]))) << threads << " threads per CTA";
   gridDim = grid;
+  unsigned char* const cta_smem[2] = {cuda::smem_raw, cuda::smem_raw1};
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        std::memset(cuda::smem_raw, 0xff, sizeof(cuda::smem_raw));
+      for (unsigned x0 = 0; x0 < grid.x; x0 += cluster_x) {
         std::memset(cuda::smem, 0xff, sizeof(cuda::smem));
-        std::barrier<> block(threads);
-        std::vector<std::unique_ptr<std::barrier<>>> warps;
-        for (unsigned w = 0; w < threads / 32; ++w) {
-          warps.emplace_back(new std::barrier<>(32));
-          g_warp_barrier[w] = warps.back().get();
+        std::barrier<> cluster(static_cast<std::ptrdiff_t>(cluster_x * threads));
+        std::unique_ptr<EmuCta> ctas[2];
+        std::vector<std::unique_ptr<std::barrier<>>> barriers;
+        auto make = [&](std::ptrdiff_t n) {
+          barriers.emplace_back(new std::barrier<>(n));
+          return barriers.back().get();
+        };
+        for (unsigned r = 0; r < cluster_x; ++r) {
+          ctas[r] = std::make_unique<EmuCta>();
+          EmuCta& c = *ctas[r];
+          c.smem = cta_smem[r];
+          std::memset(c.smem, 0xff, cuda::kSmemBytes);
+          c.block = make(threads);
+          for (unsigned w = 0; w < threads / 32; ++w) c.warp[w] = make(32);
+          for (auto& wg : c.wg) wg = make(128);
+          c.rank = r;
+          c.size = cluster_x;
+          c.cluster_barrier = &cluster;
         }
-        g_block_barrier = &block;
-        std::barrier<> wg0(128), wg1(128), wg2(128);
-        cuda::g_wg_barrier[0] = &wg0;
-        cuda::g_wg_barrier[1] = &wg1;
-        cuda::g_wg_barrier[2] = &wg2;
-        cuda::reset_named_barriers();
+        for (unsigned r = 0; r < cluster_x; ++r)
+          for (unsigned q = 0; q < cluster_x; ++q) ctas[r]->cluster[q] = ctas[q].get();
         std::vector<std::thread> pool;
-        for (unsigned t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            threadIdx = dim3(t);
-            blockIdx = dim3(x, y, z);
-            body();
-          });
+        for (unsigned r = 0; r < cluster_x; ++r)
+          for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back([&, r, t] {
+              g_cta = ctas[r].get();
+              threadIdx = dim3(t);
+              blockIdx = dim3(x0 + r, y, z);
+              body();
+            });
         for (auto& th : pool) th.join();
       }
 }
@@ -94,8 +112,8 @@ void emulate(cuda::ChunkedParams p, dim3 grid, std::int64_t tokens, int heads) {
   run_grid(grid, Walk::kThreads, [&] { cuda::walk_cta<Walk>(p); });
 }
 
-// The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace. (The emulator runs each
-// CTA alone, as a cluster of one: a kAuxP instantiation's aux then forms every record and P.)
+// The fused kernel (fused_sm90.cuh), grid (dv / DVB, H, z), no workspace, in the launch's clusters
+// (fused_cluster_x): where it forms pairs, their two CTAs run at once and share their records.
 // kPacked: a packed split's stage 1 that places its own entries (ChunkedParams::cp_seq_slots).
 template <typename T, int DK, int DVB, bool kWalks = false, bool kAuxP = false, bool kPacked = false>
 void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
@@ -105,7 +123,8 @@ void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   cuda::FusedParams fp;
   const bool encoded = cuda::make_fused_params<T, DK>(p, &fp);
   ASSERT_TRUE(encoded);
-  run_grid(grid, F::kLaunchThreads, [&] { cuda::fused_cta<F, kPacked>(fp); });
+  const unsigned cluster_x = cuda::fused_cluster_x(F::DVB / 16, p, grid);
+  run_grid(grid, F::kLaunchThreads, [&] { cuda::fused_cta<F, kPacked>(fp); }, cluster_x);
   EXPECT_TRUE(cuda::g_tma_pending.empty()) << "TMA copies nobody waited for";
   cuda::g_tma_pending.clear();
   EXPECT_EQ(cuda::g_bulk_unperformed.load(), 0) << "TMA stores nobody waited for";
@@ -148,7 +167,7 @@ std::string run_emulated(Case& c, int w, unsigned zlimit, bool longest_first, bo
       else if (bf16) emulate_fused<__nv_bfloat16, 64, 128>(p, grid);
       else if (s.dk == 128) emulate_fused<__half, 128, 128>(p, grid);
       else emulate_fused<__half, 64, 128>(p, grid);
-    } else if (s.dv % 128 == 0) {  // on the GPU, pairs: the instantiation with P in the aux
+    } else if (s.dv % 128 == 0) {  // pairs (clusters of two), as on the GPU: the instantiation with P in the aux
       if (bf16 && s.dk == 128) emulate_fused<__nv_bfloat16, 128, 64, false, true>(p, grid);
       else if (bf16) emulate_fused<__nv_bfloat16, 64, 64, false, true>(p, grid);
       else if (s.dk == 128) emulate_fused<__half, 128, 64, false, true>(p, grid);
@@ -473,6 +492,46 @@ TEST(Emulated, FusedKernel) {
   }
 }
 
+// The 64-column pairs (clusters of two CTAs, fused_paired): both CTAs of a head run at once, each
+// forms every other chunk's record and copies it into the other's stage, and each walk waits for
+// the copies of the chunks it does not form. Every record crosses once: the copies counted equal
+// the chunks walked, and with one pair per head walking every sequence, its state warps release
+// each stage they read a copy from (four remote arrivals per chunk after the first). Once with the
+// copies landing at their barrier's wait (a walk that reads a record before it is caught by stale
+// bytes) and once landing at their issue, with one CTA's walk lagging (a copy into a stage the
+// peer still reads is caught).
+TEST(Emulated, FusedPairs) {
+  int i = 0;
+  for (bool at_issue : {false, true}) {
+    cuda::g_peer_copies_land_at_issue = at_issue;
+    cuda::g_emu_lag_rank = at_issue ? 1 : -1;
+    for (int dk : {64, 128})
+      for (unsigned z : {1u, 2u, 65535u}) {
+        Spec s;
+        s.lens = {130, 0, 17, 64, 200, 3, 129};
+        s.Hq = s.Hk = 1;
+        s.Hv = 2;
+        s.dk = dk;
+        s.dv = 128;
+        s.qkv = i % 2 ? DType::f16 : DType::bf16;
+        s.initial_state = i % 3 != 0;
+        s.final_state = true;
+        s.layout = i % 2 ? StateLayout::vk : StateLayout::kv;
+        s.seed = 1470 + i++;
+        std::int64_t chunks = 0;
+        for (std::int64_t L : s.lens) chunks += (L + 63) / 64;
+        const long copies = cuda::g_peer_copies.load(), arrivals = cuda::g_peer_arrivals.load();
+        check(s, kFused64, z, z != 1u);
+        EXPECT_EQ(cuda::g_peer_copies.load() - copies, s.Hv * chunks) << "records copied to the peer, z " << z;
+        if (z == 1u) {
+          EXPECT_EQ(cuda::g_peer_arrivals.load() - arrivals, 4 * s.Hv * (chunks - 1)) << "stages released to the peer";
+        }
+      }
+  }
+  cuda::g_peer_copies_land_at_issue = false;
+  cuda::g_emu_lag_rank = -1;
+}
+
 // A tail chunk's padding rows are copied from the next sequence by some paths (the fused kernel's
 // TMA boxes) and must be zeroed before use: with NaN and inf in the second sequence's q, k and v,
 // the first sequence's outputs and final state stay bit for bit what they are with finite ones.
@@ -781,7 +840,7 @@ void check_packed_entries(cuda::ChunkedParams p, const cuda::CpLayout& layout, u
 // and the scan and the correction then read what stage 1 wrote.
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
-                std::vector<int>* map_end_out = nullptr, bool packed = false) {
+                std::vector<int>* map_end_out = nullptr, bool packed = false, bool pairs = false) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
@@ -889,6 +948,7 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
   p1.map_o = map_o.data();
   p1.map_o_token = static_cast<std::int64_t>(s.H) * s.dk;
   p1.value_blocks = s.dv / dvb1;
+  p1.cp_pairs = pairs && dvb1 == 128 && s.dv == 128 && DK == 128 && p.map_end == nullptr;  // as launch_cp
   if (packed) {
     p1.walks = nullptr;
     p1.cp_list3 = packed3.data();
@@ -939,6 +999,7 @@ TEST(Emulated, ContextParallel) {
     bool gate;
     bool final_state = true;  // without it the scan skips its last step (and the launch, below)
     bool packed = false;      // stage 1 places its own entries (no builder; emulate_cp)
+    bool pairs = false;       // stage 1's value and map CTA of a segment in a cluster (cp_pairs)
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -961,6 +1022,10 @@ TEST(Emulated, ContextParallel) {
       // Packed batches whose stage 1 places the entries (launch_cp for a few sequences).
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true, true, true},
       {{130, 300, 5}, true, 128, 128, 64, 2, false, false, StateLayout::kv, hard, true, false, true},
+      // Value and map pairs at 128 columns (the two CTAs share their records; fused_paired).
+      {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, true, false, true},
+      {{200, 200}, false, 128, 128, 128, 3, true, true, StateLayout::vk, real, true, true, false, true},
+      {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true, true, true, true},
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -982,8 +1047,13 @@ TEST(Emulated, ContextParallel) {
     SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1));
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
-    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed);
-    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed);
+    const long copies = cuda::g_peer_copies.load();
+    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs);
+    else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs);
+    // 64-column CTAs pair wherever dk and dv are multiples of 128 (fused_cluster_x); 128-column
+    // ones only as value and map pairs.
+    const bool paired = r.dvb1 == 128 ? r.pairs : r.dk % 128 == 0;
+    EXPECT_EQ(cuda::g_peer_copies.load() > copies, paired) << "records copied between the CTAs of a cluster";
     expect_bf16_within(c, ref);
   }
 }

@@ -2,6 +2,8 @@
 #pragma once
 #include <barrier>
 #include <cfloat>
+#include <memory>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,48 +30,68 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 gridDim, blockDim;
-inline std::barrier<>* g_block_barrier = nullptr;
-inline std::barrier<>* g_warp_barrier[12] = {};
 
-inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
+// One CTA as the emulator keeps it: its dynamic shared memory, its barriers (the CTA's, each warp's,
+// each warpgroup's, the named ones), the buffers through which its lanes and warpgroups exchange
+// operands, and its place in its cluster. Each emulated thread reaches its own CTA's through g_cta
+// (set by the harness), so that the CTAs of a cluster run at once, each with its own.
+struct EmuWarpX { const void* ptr[32]; std::uint32_t u[32][6]; float f[32][4]; };  // mma_sm80's lanes
+struct EmuWgX { std::uint32_t a[128][4]; };                                         // wgmma's A fragments
+struct EmuCta {
+  unsigned char* smem = nullptr;  // kSmemBytes (wgmma_sm90.cuh), 1024-byte aligned
+  std::barrier<>* block = nullptr;
+  std::barrier<>* warp[12] = {};
+  std::barrier<>* wg[3] = {};
+  std::uint32_t shfl_bits[12][32] = {};  // any 32-bit value, bit for bit
+  unsigned redux[12][32] = {};
+  EmuWarpX wx[12] = {};
+  EmuWgX wgx[3] = {};
+  std::mutex named_mutex;
+  std::unique_ptr<std::barrier<>> named[16];  // made on first use with its thread count
+  int named_count[16] = {};
+  unsigned rank = 0, size = 1;            // in its cluster
+  EmuCta* cluster[2] = {};                // the cluster's CTAs by rank
+  std::barrier<>* cluster_barrier = nullptr;
+};
+inline thread_local EmuCta* g_cta = nullptr;
+
+inline void __syncthreads() { g_cta->block->arrive_and_wait(); }
 inline void __trap() { std::abort(); }
 
 // Any 32-bit value, bit for bit (floats and integers alike: nothing is rounded through float).
-inline std::uint32_t g_shfl_bits[12][32];
 template <typename V>
 inline V __shfl_up_sync(unsigned, V v, int off) {
   static_assert(sizeof(V) == 4, "32-bit shuffles");
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  g_warp_barrier[w]->arrive_and_wait();
-  std::memcpy(&g_shfl_bits[w][l], &v, 4);
-  g_warp_barrier[w]->arrive_and_wait();
+  g_cta->warp[w]->arrive_and_wait();
+  std::memcpy(&g_cta->shfl_bits[w][l], &v, 4);
+  g_cta->warp[w]->arrive_and_wait();
   V r = v;
-  if (l >= off) std::memcpy(&r, &g_shfl_bits[w][l - off], 4);
-  g_warp_barrier[w]->arrive_and_wait();
+  if (l >= off) std::memcpy(&r, &g_cta->shfl_bits[w][l - off], 4);
+  g_cta->warp[w]->arrive_and_wait();
   return r;
 }
 template <typename V>
 inline V __shfl_sync(unsigned, V v, int src) {
   static_assert(sizeof(V) == 4, "32-bit shuffles");
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  g_warp_barrier[w]->arrive_and_wait();
-  std::memcpy(&g_shfl_bits[w][l], &v, 4);
-  g_warp_barrier[w]->arrive_and_wait();
+  g_cta->warp[w]->arrive_and_wait();
+  std::memcpy(&g_cta->shfl_bits[w][l], &v, 4);
+  g_cta->warp[w]->arrive_and_wait();
   V r;
-  std::memcpy(&r, &g_shfl_bits[w][src], 4);
-  g_warp_barrier[w]->arrive_and_wait();
+  std::memcpy(&r, &g_cta->shfl_bits[w][src], 4);
+  g_cta->warp[w]->arrive_and_wait();
   return r;
 }
 
-inline unsigned g_redux[12][32];
 inline unsigned __reduce_min_sync(unsigned, unsigned v) {  // the whole warp takes part
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  g_warp_barrier[w]->arrive_and_wait();
-  g_redux[w][l] = v;
-  g_warp_barrier[w]->arrive_and_wait();
+  g_cta->warp[w]->arrive_and_wait();
+  g_cta->redux[w][l] = v;
+  g_cta->warp[w]->arrive_and_wait();
   unsigned r = v;
-  for (int i = 0; i < 32; ++i) r = g_redux[w][i] < r ? g_redux[w][i] : r;
-  g_warp_barrier[w]->arrive_and_wait();
+  for (int i = 0; i < 32; ++i) r = g_cta->redux[w][i] < r ? g_cta->redux[w][i] : r;
+  g_cta->warp[w]->arrive_and_wait();
   return r;
 }
 
@@ -186,7 +208,7 @@ struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float __expf(float x) { return std::exp(x); }
 #endif
-inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_barrier[threadIdx.x / 32]->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_cta->warp[threadIdx.x / 32]->arrive_and_wait(); }
 
 struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }

@@ -4,26 +4,26 @@
 #include <type_traits>
 #include "mock.h"
 namespace gdnkit::cuda {
-struct WarpX { const void* ptr[32]; std::uint32_t u[32][6]; float f[32][4]; };
-inline WarpX g_wx[12];
-inline void wbar() { g_warp_barrier[threadIdx.x / 32]->arrive_and_wait(); }
+using WarpX = EmuWarpX;
+inline void wbar() { g_cta->warp[threadIdx.x / 32]->arrive_and_wait(); }
 inline void check16(const void* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16) { std::fprintf(stderr, "ldmatrix row not 16-byte aligned\n"); std::abort(); }
-  extern unsigned char smem_raw[];
   extern unsigned char smem[];
   const unsigned char* c = static_cast<const unsigned char*>(p);
-  // The walk's or fused kernel's dynamic shared memory (232448 bytes, kSmemBytes in wgmma_sm90.cuh),
-  // or the prep kernel's (200 KB).
-  const bool in_walk = c >= smem_raw && c + 16 <= smem_raw + 232448, in_prep = c >= smem && c + 16 <= smem + 200 * 1024;
+  // The CTA's dynamic shared memory (232448 bytes, kSmemBytes in wgmma_sm90.cuh), or the prep
+  // kernel's (200 KB).
+  const bool in_walk = c >= g_cta->smem && c + 16 <= g_cta->smem + 232448, in_prep = c >= smem && c + 16 <= smem + 200 * 1024;
   if (!in_walk && !in_prep) { std::fprintf(stderr, "ldmatrix outside shared memory\n"); std::abort(); }
 }
-extern unsigned char smem_raw[];
+// An address in the CTA's dynamic shared memory, as an offset from its start.
 inline std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(static_cast<const unsigned char*>(p) - smem_raw);
+  return static_cast<std::uint32_t>(static_cast<const unsigned char*>(p) - g_cta->smem);
 }
+// The kernels' dynamic shared memory (an `extern __shared__` array in mma_sm80.cuh): the CTA's.
+#define GDNKIT_DYNAMIC_SMEM(name) unsigned char* const name = ::g_cta->smem
 inline void ldsm_x4(std::uint32_t (&r)[4], const void* row) {
   check16(row);
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
   wbar(); x.ptr[L] = row; wbar();
   for (int m = 0; m < 4; ++m) {
     const std::uint16_t* rp = static_cast<const std::uint16_t*>(x.ptr[8 * m + g]);
@@ -33,7 +33,7 @@ inline void ldsm_x4(std::uint32_t (&r)[4], const void* row) {
 }
 inline void ldsm_x4_trans(std::uint32_t (&r)[4], const void* row) {
   check16(row);
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
   wbar(); x.ptr[L] = row; wbar();
   for (int m = 0; m < 4; ++m) {
     const std::uint16_t* r0 = static_cast<const std::uint16_t*>(x.ptr[8 * m + 2 * t]);
@@ -44,7 +44,7 @@ inline void ldsm_x4_trans(std::uint32_t (&r)[4], const void* row) {
 }
 inline void stsm_x4(void* row, const std::uint32_t (&r)[4]) {
   check16(row);
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32;
   wbar(); x.ptr[L] = row; for (int m = 0; m < 4; ++m) x.u[L][m] = r[m]; wbar();
   std::uint16_t* rp = static_cast<std::uint16_t*>(const_cast<void*>(x.ptr[L]));
   const int m = L / 8, rr = L % 8;
@@ -57,7 +57,7 @@ inline void stsm_x4(void* row, const std::uint32_t (&r)[4]) {
 }
 inline void stsm_x4_trans(void* row, const std::uint32_t (&r)[4]) {
   check16(row);
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32;
   wbar(); x.ptr[L] = row; for (int m = 0; m < 4; ++m) x.u[L][m] = r[m]; wbar();
   std::uint16_t* rp = static_cast<std::uint16_t*>(const_cast<void*>(x.ptr[L]));
   const int m = L / 8, rr = L % 8;  // stored row rr = column rr of the quarter (lanes 4 c + rr / 2)
@@ -73,7 +73,7 @@ template <typename T> inline float h2f(std::uint16_t b) {
 }
 template <typename T>
 inline void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
   wbar();
   for (int i = 0; i < 4; ++i) { x.u[L][i] = a[i]; x.f[L][i] = d[i]; }
   x.u[L][4] = b0; x.u[L][5] = b1;
@@ -93,7 +93,7 @@ inline void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b
   for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 inline std::uint32_t movmatrix_trans(std::uint32_t v) {
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
   wbar(); x.u[L][0] = v; wbar();
   auto el = [&](int r, int c) -> std::uint32_t { const std::uint32_t w = x.u[4 * r + c / 2][0]; return c % 2 ? w >> 16 : w & 0xffff; };
   const std::uint32_t out = el(2 * t, g) | (el(2 * t + 1, g) << 16);
@@ -112,7 +112,7 @@ inline void tf32_split(float x, std::uint32_t& hi, std::uint32_t& lo) {  // verb
   std::memcpy(&lo, &l, 4);
 }
 inline void mma1688_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  WarpX& x = g_wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
+  WarpX& x = g_cta->wx[threadIdx.x / 32]; const int L = threadIdx.x % 32, g = L / 4, t = L % 4;
   wbar();
   for (int i = 0; i < 4; ++i) { x.u[L][i] = a[i]; x.f[L][i] = d[i]; }
   x.u[L][4] = b0; x.u[L][5] = b1;

@@ -39,7 +39,6 @@ inline std::uint64_t gmma_desc_add(std::uint64_t desc, std::uint32_t bytes) {
 constexpr std::uint32_t gmma_kstep(int kk, int rows) {
   return static_cast<std::uint32_t>((kk / 4) * (rows * 128) + (kk % 4) * 32);
 }
-extern unsigned char smem_raw[];
 constexpr std::size_t kSmemBytes = 232448;  // the emulated dynamic shared memory (an H100/H200's opt-in limit)
 // Element (k, n) of a 128-byte-swizzled operand tile: K-major (element (k, n) at row n, column k)
 // or MN-major (row k, column n).
@@ -49,13 +48,11 @@ inline std::uint16_t smem_operand(std::uint32_t start, std::uint32_t lbo, std::u
   else addr = start + (n % 8) * 128 + (n / 8) * sbo + (k / 8) * 16 + (k % 8) * 2;
   addr ^= ((addr >> 7) & 7) << 4;
   if (addr + 2 > kSmemBytes) { std::fprintf(stderr, "wgmma operand outside shared memory\n"); std::abort(); }
-  std::uint16_t v; std::memcpy(&v, smem_raw + addr, 2);
+  std::uint16_t v; std::memcpy(&v, g_cta->smem + addr, 2);
   return v;
 }
-struct WgX { std::uint32_t a[128][4]; };
-inline WgX g_wgx[3];
-inline std::barrier<>* g_wg_barrier[3] = {};
-inline void wgbar() { g_wg_barrier[threadIdx.x / 128]->arrive_and_wait(); }
+using WgX = EmuWgX;
+inline void wgbar() { g_cta->wg[threadIdx.x / 128]->arrive_and_wait(); }
 struct GmmaPending {
   float* d;
   std::vector<float> init;                    // the accumulator input, unless chained
@@ -98,7 +95,7 @@ inline void gmma_accumulate(GmmaPending& p, const std::vector<float>& in, int me
 template <typename T, int N, bool B_MN_MAJOR>
 inline void gmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc, bool accumulate) {
   const int wg = threadIdx.x / 128, me = threadIdx.x % 128;
-  WgX& x = g_wgx[wg];
+  WgX& x = g_cta->wgx[wg];
   wgbar();
   for (int i = 0; i < 4; ++i) x.a[me][i] = a[i];
   wgbar();
@@ -152,52 +149,63 @@ inline void gmma_ss(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_
   g_gmma.open.push_back(std::move(pend));
 }
 
-// Named barriers: one std::barrier per id, made on first use with its thread count (every use of
-// an id must give the same count); reset between CTAs by the harness.
-inline std::mutex g_named_mutex;
-inline std::unique_ptr<std::barrier<>> g_named[16];
-inline int g_named_count[16] = {};
+// Named barriers: one std::barrier per id and CTA, made on first use with its thread count (every
+// use of an id must give the same count).
 inline std::barrier<>& named_barrier(int id, int count) {
-  std::lock_guard<std::mutex> lock(g_named_mutex);
+  EmuCta& cta = *g_cta;
+  std::lock_guard<std::mutex> lock(cta.named_mutex);
   if (id <= 0 || id >= 16 || count % 32 != 0) { std::fprintf(stderr, "bad named barrier %d/%d\n", id, count); std::abort(); }
-  if (!g_named[id]) {
-    g_named[id] = std::make_unique<std::barrier<>>(count);
-    g_named_count[id] = count;
-  } else if (g_named_count[id] != count) {
-    std::fprintf(stderr, "named barrier %d used with counts %d and %d\n", id, g_named_count[id], count);
+  if (!cta.named[id]) {
+    cta.named[id] = std::make_unique<std::barrier<>>(count);
+    cta.named_count[id] = count;
+  } else if (cta.named_count[id] != count) {
+    std::fprintf(stderr, "named barrier %d used with counts %d and %d\n", id, cta.named_count[id], count);
     std::abort();
   }
-  return *g_named[id];
+  return *cta.named[id];
 }
-inline void named_sync(int id, int count) { named_barrier(id, count).arrive_and_wait(); }
+// A lagging walk for the pairs' tests: with g_emu_lag_rank r >= 0, threads 128-255 of the CTA of
+// rank r (its first state warpgroup) sleep before each named barrier and mbarrier wait, so that
+// the other CTA runs as far ahead as the hand-over's barriers let it.
+inline std::atomic<int> g_emu_lag_rank{-1};
+inline void emu_lag() {
+  if (g_emu_lag_rank.load() == static_cast<int>(g_cta->rank) && threadIdx.x >= 128 && threadIdx.x < 256)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+inline void named_sync(int id, int count) {
+  emu_lag();
+  named_barrier(id, count).arrive_and_wait();
+}
 inline void named_arrive(int id, int count) {
   auto token = named_barrier(id, count).arrive();
   (void)token;
 }
-inline void reset_named_barriers() {
-  for (auto& b : g_named) b.reset();
-}
 // TMA and mbarriers. A copy is recorded at issue and lands when a thread's wait on its barrier
-// returns (so a read before the wait sees stale bytes). Phases as the hardware has them: each
-// mbar_expect_tx arms the barrier's next phase with a byte count, and the phase completes once
-// copies of that many bytes have been issued on it. mbar_wait(bar, parity) blocks, as
-// try_wait.parity spins, while the phase in progress (the first not completed; phase c after c
-// completed ones) has that parity, then lands the completed phases' copies. A wait that nothing
-// satisfies within seconds aborts (a wrong parity ends there or reads stale bytes), and so does
-// arming a phase before the previous one completed.
+// returns (so a read before the wait sees stale bytes). Phases as the hardware has them: a phase
+// completes once it has had the barrier's count of arrivals (mbar_init) and its transaction bytes
+// are balanced. mbar_expect_tx is an arrival that adds bytes to expect; each copy completes its
+// bytes at issue, and may do so before the phase is armed (the count then goes below zero, as
+// the hardware's tx-count may). mbar_wait(bar, parity) blocks, as try_wait.parity spins, while the
+// phase in progress (phase c after c completed ones) has that parity, then lands the completed
+// phases' copies. A wait that nothing satisfies within seconds aborts (a wrong parity ends there
+// or reads stale bytes), and so does an arrival beyond the count of the phase in progress (one
+// more expect_tx than the phase has arrivals for: armed again before it completed).
 struct TmaCopy {
   unsigned char* dst;
   std::vector<unsigned char> bytes;
-  unsigned phase = 0;  // the phase it completes (1-based: the barrier's armed count at issue)
+  unsigned phase = 0;    // the phase it completes bytes of (1-based: completed phases at issue + 1)
+  bool landed = false;   // written at issue already (g_peer_copies_land_at_issue)
 };
 struct MbarPhase {
-  unsigned armed = 0;                        // phases armed since the initialisation
-  std::uint64_t expected = 0, issued = 0;    // bytes of the latest phase
+  int count = 1;            // arrivals per phase
+  unsigned completed = 0;   // phases completed since the initialisation
+  int pending = 1;          // arrivals the phase in progress still needs
+  std::int64_t tx = 0;      // its bytes expected and not yet completed (below zero: completed first)
 };
 inline std::mutex g_tma_mutex;
 inline std::vector<std::pair<std::uint64_t*, TmaCopy>> g_tma_pending;
 inline std::map<const std::uint64_t*, MbarPhase> g_mbar;  // guarded by g_tma_mutex
-inline std::condition_variable g_mbar_changed;            // a phase armed or a copy issued
+inline std::condition_variable g_mbar_changed;            // an arrival or a copy issued
 // A barrier is usable once initialised: mbar_init writes a marker into it (late, so that a thread
 // that waits on or arms a barrier without a CTA barrier after its initialisation reads the
 // 0xff bytes run_grid fills shared memory with, and aborts).
@@ -210,35 +218,46 @@ inline void mbar_check(const std::uint64_t* bar, const char* what) {
     std::abort();
   }
 }
-inline void mbar_init(std::uint64_t* bar, int) {
+inline void mbar_init(std::uint64_t* bar, int count) {
   std::this_thread::sleep_for(std::chrono::microseconds(200));
   {
     std::lock_guard<std::mutex> lock(g_tma_mutex);
-    g_mbar[bar] = MbarPhase{};
+    g_mbar[bar] = MbarPhase{count, 0, count, 0};
   }
   std::memcpy(bar, &kMbarInitialised, 8);
+}
+// The phase in progress completes where it has its arrivals and its bytes (caller holds g_tma_mutex).
+inline void mbar_settle(MbarPhase& ph) {
+  if (ph.pending == 0 && ph.tx == 0) {
+    ++ph.completed;
+    ph.pending = ph.count;
+  }
+  g_mbar_changed.notify_all();
+}
+inline void mbar_arrive_locked(const std::uint64_t* bar, std::int64_t tx_bytes) {
+  MbarPhase& ph = g_mbar[bar];
+  if (ph.pending <= 0) {
+    std::fprintf(stderr, "mbarrier arrival beyond its count (armed again before its phase completed)\n");
+    std::abort();
+  }
+  --ph.pending;
+  ph.tx += tx_bytes;
+  mbar_settle(ph);
 }
 inline void mbar_init_fence() {}
 inline void tma_prefetch(const void*) {}
 inline void mbar_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
   mbar_check(bar, "armed");
   std::lock_guard<std::mutex> lock(g_tma_mutex);
-  MbarPhase& ph = g_mbar[bar];
-  if (ph.armed > 0 && ph.issued != ph.expected) {
-    std::fprintf(stderr, "mbarrier armed again before its phase completed\n");
-    std::abort();
-  }
-  ++ph.armed;
-  ph.expected = bytes;
-  ph.issued = 0;
-  g_mbar_changed.notify_all();
+  mbar_arrive_locked(bar, bytes);
 }
-// Records a copy on bar's current phase (caller holds g_tma_mutex).
+// Records a copy on bar's phase in progress, completing its bytes (caller holds g_tma_mutex).
 inline void mbar_record(std::uint64_t* bar, TmaCopy&& c) {
-  g_mbar[bar].issued += c.bytes.size();
-  c.phase = g_mbar[bar].armed;
+  MbarPhase& ph = g_mbar[bar];
+  c.phase = ph.completed + 1;
+  ph.tx -= static_cast<std::int64_t>(c.bytes.size());
   g_tma_pending.emplace_back(bar, std::move(c));
-  g_mbar_changed.notify_all();
+  mbar_settle(ph);
 }
 inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int c0, int c1, int c2) {
   const CUtensorMap& m = *static_cast<const CUtensorMap*>(map_ptr);
@@ -312,12 +331,12 @@ inline void bulk_load(void* dst, const void* src, std::uint32_t bytes, std::uint
   mbar_record(bar, std::move(c));
 }
 inline void mbar_wait(std::uint64_t* bar, int parity) {
+  emu_lag();
   mbar_check(bar, "waited on");
   std::unique_lock<std::mutex> lock(g_tma_mutex);
   unsigned completed = 0;
   auto done = [&] {
-    const MbarPhase& ph = g_mbar[bar];
-    completed = ph.armed - (ph.armed > 0 && ph.issued != ph.expected ? 1 : 0);
+    completed = g_mbar[bar].completed;
     return static_cast<int>(completed & 1) != parity;
   };
   if (!g_mbar_changed.wait_for(lock, std::chrono::seconds(20), done)) {
@@ -326,7 +345,7 @@ inline void mbar_wait(std::uint64_t* bar, int parity) {
   }
   for (auto it = g_tma_pending.begin(); it != g_tma_pending.end();) {
     if (it->first == bar && it->second.phase <= completed) {
-      std::memcpy(it->second.dst, it->second.bytes.data(), it->second.bytes.size());
+      if (!it->second.landed) std::memcpy(it->second.dst, it->second.bytes.data(), it->second.bytes.size());
       it = g_tma_pending.erase(it);
     } else {
       ++it;
@@ -387,18 +406,63 @@ inline void gmma_wait() {
 inline void gmma_wait_all() { gmma_wait<0>(); }
 template <int N> inline void gmma_fence(float (&)[N]) {}
 template <int N> inline void gmma_fence(std::uint32_t (&)[N]) {}
-// Clusters: the harness runs one CTA at a time, so every CTA is a cluster of one (the kernels'
-// paired paths never run here; the GPU suite covers them). The cluster barrier is the CTA's.
-inline unsigned cluster_rank() { return 0; }
-inline unsigned cluster_size() { return 1; }
-inline void cluster_sync() { __syncthreads(); }
-[[noreturn]] inline void cluster_unreachable(const char* what) {
-  std::fprintf(stderr, "%s in a cluster of one CTA\n", what);
-  std::abort();
+// Clusters: the harness runs the CTAs of a cluster at once (run_grid), each with its own EmuCta;
+// a CTA launched without a cluster is a cluster of one. A shared::cluster address (peer_smem) is
+// the CTA's rank and the offset in its shared memory, with the top bit set so that it is never
+// taken for a CTA-local one.
+inline unsigned cluster_rank() { return g_cta->rank; }
+inline unsigned cluster_size() { return g_cta->size; }
+inline void cluster_sync() {
+  if (g_cta->size == 1) __syncthreads();
+  else g_cta->cluster_barrier->arrive_and_wait();
 }
-inline std::uint32_t peer_smem(const void*, unsigned) { cluster_unreachable("peer_smem"); }
-inline void mbar_arrive_cluster(std::uint32_t) { cluster_unreachable("mbar_arrive_cluster"); }
-inline void bulk_copy_to_peer(std::uint32_t, const void*, std::uint32_t, std::uint32_t) {
-  cluster_unreachable("bulk_copy_to_peer");
+constexpr std::uint32_t kClusterAddress = 0x80000000u;
+inline std::atomic<bool> g_peer_copies_land_at_issue{false};    // bulk_copy_to_peer below
+inline std::atomic<long> g_peer_copies{0}, g_peer_arrivals{0};  // counts, for the tests
+inline std::uint32_t peer_smem(const void* p, unsigned rank) {
+  if (rank >= g_cta->size) {
+    std::fprintf(stderr, "peer_smem of rank %u in a cluster of %u\n", rank, g_cta->size);
+    std::abort();
+  }
+  const std::uint32_t off = smem_addr(p);
+  if (off >= kSmemBytes) { std::fprintf(stderr, "peer_smem of an address outside shared memory\n"); std::abort(); }
+  return kClusterAddress | (rank << 24) | off;
+}
+inline unsigned char* cluster_ptr(std::uint32_t addr, const char* what) {
+  const unsigned rank = (addr >> 24) & 0x7f;
+  if (!(addr & kClusterAddress) || rank >= g_cta->size) {
+    std::fprintf(stderr, "%s: not a shared::cluster address of this cluster\n", what);
+    std::abort();
+  }
+  return g_cta->cluster[rank]->smem + (addr & 0xffffffu);
+}
+inline void mbar_arrive_cluster(std::uint32_t bar) {
+  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, "mbar_arrive_cluster"));
+  mbar_check(b, "arrived on");
+  ++g_peer_arrivals;
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  mbar_arrive_locked(b, 0);
+}
+// The source is read at issue. The bytes land in the peer when a thread there waits on its barrier,
+// so that a walk that reads its record before the wait reads stale bytes; or, with
+// g_peer_copies_land_at_issue, at once, so that a copy issued into a stage the peer still reads
+// (before its release) changes what the peer reads.
+inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  unsigned char* d = cluster_ptr(dst, "bulk_copy_to_peer");
+  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, "bulk_copy_to_peer"));
+  if (reinterpret_cast<std::uintptr_t>(d) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16) {
+    std::fprintf(stderr, "bulk copy not 16-byte aligned\n");
+    std::abort();
+  }
+  mbar_check(b, "completed by a peer's copy");
+  TmaCopy c{d, std::vector<unsigned char>(bytes)};
+  std::memcpy(c.bytes.data(), src, bytes);
+  ++g_peer_copies;
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  if (g_peer_copies_land_at_issue) {
+    std::memcpy(d, c.bytes.data(), bytes);
+    c.landed = true;
+  }
+  mbar_record(b, std::move(c));
 }
 }  // namespace gdnkit::cuda
