@@ -498,15 +498,15 @@ TEST(Emulated, FusedKernel) {
 // the chunks walked, and with one pair per head walking every sequence, its state warps release
 // each stage they read a copy from (four remote arrivals per chunk after the first). Once with the
 // copies landing at their barrier's wait (a walk that reads a record before it is caught by stale
-// bytes) and once landing at their issue, with one CTA's walk lagging (a copy into a stage the
-// peer still reads is caught).
+// bytes) and once landing at their issue, with one CTA's walk lagging, rank 1's or rank 0's by
+// turns (a copy into a stage the peer still reads is caught).
 TEST(Emulated, FusedPairs) {
   int i = 0;
   for (bool at_issue : {false, true}) {
     cuda::g_peer_copies_land_at_issue = at_issue;
-    cuda::g_emu_lag_rank = at_issue ? 1 : -1;
     for (int dk : {64, 128})
       for (unsigned z : {1u, 2u, 65535u}) {
+        cuda::g_emu_lag_rank = at_issue ? 1 - i % 2 : -1;
         Spec s;
         s.lens = {130, 0, 17, 64, 200, 3, 129};
         s.Hq = s.Hk = 1;
