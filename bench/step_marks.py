@@ -16,6 +16,11 @@ the peer's chunks, so its marks of those chunks stop early. Clock reads are sche
 read the marks as indicative.
 
     GDNKIT_TIMELINE_J0=64 bench_gdnkit --only fixed-b2-t16384 --reps 3 | python3 bench/step_marks.py
+
+A mark's median is over the CTAs that recorded it. In a pair only the chunk's owner records its
+record's phases, so a chunk's row mixes both ranks' early marks with the owner's later ones;
+`--rank R` keeps the CTAs of rank R only (CTA index % 2 == R: clusters of two along x), whose rows
+then alternate between its own chunks and its peer's.
 """
 import statistics
 import sys
@@ -33,11 +38,18 @@ def signed(x):
 
 
 def main():
-    ctas = [[int(x) for x in line.split()[3:]] for line in sys.stdin if line.startswith("TL 6 ")]
+    rank = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--rank":
+        rank = int(sys.argv[2])
+    elif len(sys.argv) != 1:
+        sys.exit("usage: step_marks.py [--rank 0|1] < the driver's output")
+    lines = [line.split() for line in sys.stdin if line.startswith("TL 6 ")]
+    ctas = [[int(x) for x in f[3:]] for f in lines if rank is None or int(f[2]) % 2 == rank]
     ctas = [c for c in ctas if len(c) >= OWN + 6 * CHUNKS * 16]
     if not ctas:
         sys.exit("no marks: a build with GDNKIT_FUSED_TIMELINE and GDNKIT_STEP_MARKS, run for at least 10 launches")
-    print(f"launch 6: {len(ctas)} CTAs; cycles from state warpgroup 0's top of the first chunk marked")
+    which = f" of rank {rank}" if rank is not None else ""
+    print(f"launch 6: {len(ctas)} CTAs{which}; cycles from state warpgroup 0's top of the first chunk marked")
     mark = lambda c, r, ch, k: c[OWN + (r * CHUNKS + ch) * 16 + k]
     for ch in range(CHUNKS):
         print(f"chunk j0 + {ch}")
