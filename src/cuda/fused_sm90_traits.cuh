@@ -56,6 +56,11 @@
 
 namespace gdnkit::cuda {
 
+// GDNKIT_FUSED_BLOCK_SOLVE64 1: the unsplit 64-column pairs (kAuxP) solve by block substitution too
+// (measured against the whole inverse; off by default).
+#ifndef GDNKIT_FUSED_BLOCK_SOLVE64
+#define GDNKIT_FUSED_BLOCK_SOLVE64 0
+#endif
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
   using T = T_;
@@ -89,7 +94,7 @@ struct FusedSm90 {
   // stage 1 (the walk-list kernels) 0.8-1.7%, its errors 4-8% lower. The 64-column
   // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
   // two instances and 8-14% slower on a third.
-  static constexpr bool kBlockSolve = DVB_ == 128;
+  static constexpr bool kBlockSolve = DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
