@@ -57,7 +57,7 @@
 namespace gdnkit::cuda {
 
 // GDNKIT_FUSED_BLOCK_SOLVE64 1: the unsplit 64-column pairs (kAuxP) solve by block substitution too
-// (measured against the whole inverse; off by default).
+// (measured against the whole inverse; off by default); 2: every 64-column kernel does.
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE64
 #define GDNKIT_FUSED_BLOCK_SOLVE64 0
 #endif
@@ -94,7 +94,8 @@ struct FusedSm90 {
   // stage 1 (the walk-list kernels) 0.8-1.7%, its errors 4-8% lower. The 64-column
   // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
   // two instances and 8-14% slower on a third.
-  static constexpr bool kBlockSolve = DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_);
+  static constexpr bool kBlockSolve =
+      DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
