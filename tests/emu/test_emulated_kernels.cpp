@@ -52,7 +52,8 @@ using test::Spec;
 template <typename F>
 void run_grid(dim3 grid, unsigned threads, F&& body, unsigned cluster_x = 1) {
   ASSERT_TRUE(cluster_x == 1 || (cluster_x == 2 && grid.x % 2 == 0)) << "clusters of " << cluster_x;
-  ASSERT_TRUE(threads % 32 == 0 && threads <= 32 * (sizeof(EmuCta::warp) / sizeof(EmuCta::warp[0]))) << threads << " threads per CTA";
+  constexpr unsigned kMaxThreads = 32 * (sizeof(EmuCta::warp) / sizeof(EmuCta::warp[0]));
+  ASSERT_TRUE(threads % 32 == 0 && threads <= kMaxThreads) << threads << " threads per CTA";
   gridDim = grid;
   unsigned char* const cta_smem[2] = {cuda::smem_raw, cuda::smem_raw1};
   for (unsigned z = 0; z < grid.z; ++z)
@@ -501,6 +502,12 @@ TEST(Emulated, FusedKernel) {
 // bytes) and once landing at their issue, with one CTA's walk lagging, rank 1's or rank 0's by
 // turns (a copy into a stage the peer still reads is caught).
 TEST(Emulated, FusedPairs) {
+  struct Reset {  // the emulator's defaults again, however the test ends
+    ~Reset() {
+      cuda::g_peer_copies_land_at_issue = false;
+      cuda::g_emu_lag_rank = -1;
+    }
+  } reset;
   int i = 0;
   for (bool at_issue : {false, true}) {
     cuda::g_peer_copies_land_at_issue = at_issue;
@@ -528,8 +535,6 @@ TEST(Emulated, FusedPairs) {
         }
       }
   }
-  cuda::g_peer_copies_land_at_issue = false;
-  cuda::g_emu_lag_rank = -1;
 }
 
 // A tail chunk's padding rows are copied from the next sequence by some paths (the fused kernel's
