@@ -37,6 +37,12 @@
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
 #endif
+// GDNKIT_WALK_QS_LATE 1: in the block-solve walk of one state warpgroup (the 64-column kernels), Q S
+// in a commit group of its own after K S, retired by the block solve's first wait, so that Xt is
+// formed while Q S runs; 2: with two state warpgroups too (to be measured).
+#ifndef GDNKIT_WALK_QS_LATE
+#define GDNKIT_WALK_QS_LATE 0
+#endif
 
 #include "cuda/walk_kernel.cuh"
 #include "cuda/wgmma_sm90.cuh"
@@ -79,6 +85,7 @@ struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kBlockSolve = kBlockSolve_;
+  static constexpr bool kQsLate = kBlockSolve_ && (GDNKIT_WALK_QS_LATE == 2 || (GDNKIT_WALK_QS_LATE == 1 && WG == 1));
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
@@ -184,9 +191,9 @@ struct WgmmaWalk {
   // whole Mt applied to the rounded Xt (Vn_0 enters C_10 rounded once, as Vn enters P Vn). Three
   // product waits instead of one; each 16-token block of output its own n16 accumulator (the
   // right 16 of a half take both of its k-steps, the left only the first).
-  template <int NB>
+  template <int NB, class AfterFirstWait>
   __device__ static void block_solve(float (&vf)[8 * NB], float (&xz)[8 * NB], std::uint32_t (&xa)[NB][4],
-                                     std::uint64_t dm) {
+                                     std::uint64_t dm, AfterFirstWait&& after_first_wait) {
     constexpr int N0 = NB < 2 ? NB : 2;  // blocks of the first half
     auto acc16 = [&](int b) -> float (&)[8] { return *reinterpret_cast<float (*)[8]>(&vf[8 * b]); };
     // Each accumulator's first product overwrites it (no zeroed registers held across the rounds).
@@ -205,6 +212,7 @@ struct WgmmaWalk {
     gmma_wait<0>();
     gmma_fence(v0);
     fence_all(xa);
+    after_first_wait();
     if constexpr (NB > 2) {
       constexpr int N1 = NB - 2;  // blocks of the second half
       float (&z)[8 * N1] = *reinterpret_cast<float (*)[8 * N1]>(&xz[16]);
@@ -275,7 +283,9 @@ struct WgmmaWalk {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&vf)[8 * NB] = flat<8 * NB>(vn);
     std::uint32_t sa[DK / 16][4];
-    if (!zero_state) {
+    // With kQsLate a zero state takes the products too (zeros), so that no path defines Q S's
+    // registers outside wgmma while its group may be open (ptxas would serialise every wgmma, C7515).
+    if (kQsLate || !zero_state) {
       const std::uint64_t dk = gmma_desc(S.kq, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
@@ -286,6 +296,7 @@ struct WgmmaWalk {
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
+      if constexpr (kQsLate) gmma_commit();  // K S alone: Xt waits for it only
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
@@ -295,11 +306,17 @@ struct WgmmaWalk {
       GDNKIT_STEP_MARK(3);
       aside();
       GDNKIT_STEP_MARK(4);
-      gmma_wait<0>();
-      GDNKIT_STEP_MARK(5);
-      gmma_fence(kf);
-      gmma_fence(qf);
-      fence_all(sa);
+      if constexpr (kQsLate) {
+        gmma_wait<1>();  // K S; Q S (and the St fragments it reads) stay in flight through Xt
+        GDNKIT_STEP_MARK(5);
+        gmma_fence(kf);
+      } else {
+        gmma_wait<0>();
+        GDNKIT_STEP_MARK(5);
+        gmma_fence(kf);
+        gmma_fence(qf);
+        fence_all(sa);
+      }
     } else {
       aside();
     }
@@ -307,7 +324,12 @@ struct WgmmaWalk {
     make_x(xa);
     GDNKIT_STEP_MARK(6);
     if constexpr (kBlockSolve) {
-      block_solve<NB>(vf, kf, xa, gmma_desc(S.mt, 16, 1024));
+      block_solve<NB>(vf, kf, xa, gmma_desc(S.mt, 16, 1024), [&] {
+        if constexpr (kQsLate) {  // Q S retired with the first products
+          gmma_fence(qf);
+          fence_all(sa);
+        }
+      });
       GDNKIT_STEP_MARK(8);
     } else {
 #pragma unroll
