@@ -18,11 +18,11 @@
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
 //
 // Three waits per step: K S with Q S, then Vn, then P Vn and Vd K as two commit groups, with O
-// stored once P Vn retires while Vd K still runs. (Q S kept in flight while Xt and Vn are formed,
-// waited for with Vn: ptxas serialises every wgmma (C7515) unless the zero-state path takes the
-// products too and Vn's first products overwrite instead of zeroed registers; so built, the
-// 64-column pairs measured within the noise and the walk-list kernels spilled: not kept,
-// docs/perf-notes.md, "The walk's copies".)
+// stored once P Vn retires while Vd K still runs. The block solve (kBlockSolve) waits three times
+// for Vn; with one state warpgroup it keeps Q S in flight while Xt is formed, retired with Vn's
+// first products (kQsLate). The zero-state path then takes the products too (zeros): else ptxas
+// serialises every wgmma (C7515). With the whole Mt the same measured within the noise, while the
+// aux set the step (docs/perf-notes.md, "The walk's copies").
 //
 // wgmma reads shared memory through the async proxy. The zero fills (the upper triangles in
 // prepare, the rows past a tail chunk's end in load) are ordinary stores, so the threads that
@@ -37,11 +37,13 @@
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
 #endif
-// GDNKIT_WALK_QS_LATE 1: in the block-solve walk of one state warpgroup (the 64-column kernels), Q S
-// in a commit group of its own after K S, retired by the block solve's first wait, so that Xt is
-// formed while Q S runs; 2: with two state warpgroups too (to be measured).
+// GDNKIT_WALK_QS_LATE 1 (default): in the block-solve walk of one state warpgroup (the fused
+// 64-column kernels), Q S in a commit group of its own after K S, retired by the block solve's
+// first wait, so that Xt is formed while Q S runs; 0: one group and one wait for both; 2: also with
+// two state warpgroups (not measured). With the block solve, against it alone on an H100: the
+// pairs' longer rows 2-5% faster, the short ones level (docs/perf-notes.md, "Every 64-column kernel by block substitution").
 #ifndef GDNKIT_WALK_QS_LATE
-#define GDNKIT_WALK_QS_LATE 0
+#define GDNKIT_WALK_QS_LATE 1
 #endif
 
 #include "cuda/walk_kernel.cuh"
