@@ -308,6 +308,8 @@ struct SplitKernel {
   // A walk-list kernel's instantiation for a packed split's stage 1 that places its own entries
   // (ChunkedParams::cp_seq_slots set), with the same threads and walk_smem; else nullptr.
   const void* packed_func = nullptr;
+  // block_solve of paired_func's instantiation (the kernel a launch in clusters of two runs).
+  bool paired_block_solve = false;
 };
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.

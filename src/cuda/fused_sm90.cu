@@ -75,6 +75,11 @@ const void* fused_func(bool paired) {
   return reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, kWalks>);
 }
 template <typename T, int DK, int DVB, bool kWalks>
+constexpr bool paired_block_solve() {
+  if constexpr (has_aux_p<DVB, kWalks>()) return FusedSm90<T, DK, DVB, kWalks, true>::kBlockSolve;
+  return FusedSm90<T, DK, DVB, kWalks>::kBlockSolve;
+}
+template <typename T, int DK, int DVB, bool kWalks>
 constexpr std::size_t fused_smem_bytes() {
   const std::size_t a = FusedSm90<T, DK, DVB, kWalks>::smem_bytes;
   if constexpr (has_aux_p<DVB, kWalks>()) {
@@ -158,7 +163,8 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr,
                      false,
                      F::kBlockSolve,
-                     kWalks ? reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, true, false, true>) : nullptr};
+                     kWalks ? reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, true, false, true>) : nullptr,
+                     paired_block_solve<T, DK, DVB, kWalks>()};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per

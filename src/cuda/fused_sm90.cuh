@@ -9,12 +9,12 @@
 //                      while the gates' cumsum G is formed), gam/dec, A = diag(beta) K K^T .* D
 //                      (D_ij = exp(G_i - G_j)), its fp32 inverse D .* Tu (invert_unit_lower, the
 //                      prep kernel's), and Mt = (D .* Tu) diag(beta) as hi + lo, straight into the
-//                      128-byte-swizzled tiles the walk's wgmma reads. In the 128-column
-//                      kernels (kBlockSolve) only the inverses of its two 32 x 32 diagonal blocks,
-//                      Mt's two diagonal 32 x 32 blocks and -C = -(K K^T) .* D below them: the walk
-//                      finishes Vn by block substitution (docs/math.md). Elsewhere the whole Mt
-//                      (the blocks left of the diagonal from the inverse's registers, the diagonal
-//                      ones from At before the block rows).
+//                      128-byte-swizzled tiles the walk's wgmma reads. With kBlockSolve (every
+//                      kernel by default; GDNKIT_FUSED_BLOCK_SOLVE64) only the inverses of its two
+//                      32 x 32 diagonal blocks, Mt's two diagonal 32 x 32 blocks and
+//                      -C = -(K K^T) .* D below them: the walk finishes Vn by block substitution
+//                      (docs/math.md). Without it the whole Mt (the blocks left of the diagonal
+//                      from the inverse's registers, the diagonal ones from At before the block rows).
 //                      Its thread 0 issues the first chunks' TMA copies;
 //   state (warps 4-)   warpgroups of 64 value columns: P = scale (Q K^T) .* D, each warpgroup its
 //                      share of the columns (fused_p; in the kAuxP instantiation, for 64-column

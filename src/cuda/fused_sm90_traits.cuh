@@ -56,6 +56,14 @@
 
 namespace gdnkit::cuda {
 
+// GDNKIT_FUSED_BLOCK_SOLVE64: which 64-column kernels solve Vn by block substitution, as the
+// 128-column ones do. 0: none (the whole inverse), 1: the unsplit pairs (kAuxP) only, 2 (default):
+// every one. With Q S late in their walk (GDNKIT_WALK_QS_LATE, walk_sm90.cuh), against 0 on an H100
+// (docs/perf-notes.md, "Every 64-column kernel by block substitution"): the pairs 5-6% faster, the
+// 64-column splits 0-1.5%.
+#ifndef GDNKIT_FUSED_BLOCK_SOLVE64
+#define GDNKIT_FUSED_BLOCK_SOLVE64 2
+#endif
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
   using T = T_;
@@ -85,11 +93,12 @@ struct FusedSm90 {
   // kBlockSolve: the walk solves each chunk's Vn by block substitution over its two 32-token halves:
   // the record holds Mt's two 32 x 32 diagonal blocks and, below them, -C = -(K K^T) .* D, so that the aux's inverse forms 2 of the 6 blocks left of its diagonal
   // (invert_unit_lower's kHalves).
-  // Only in the 128-column kernels, whose aux had set the step: unsplit 10-13.5% faster, a split's
-  // stage 1 (the walk-list kernels) 0.8-1.7%, its errors 4-8% lower. The 64-column
-  // kernels' one state warpgroup carries the longer chain alone: the pairs measured 1-3% faster on
-  // two instances and 8-14% slower on a third.
-  static constexpr bool kBlockSolve = DVB_ == 128;
+  // The 128-column kernels, whose aux had set the step: unsplit 10-13.5% faster, a split's stage 1
+  // (the walk-list kernels) 0.8-1.7%, its errors 4-8% lower. The 64-column kernels, whose one
+  // state warpgroup carries the longer chain alone, lost with it while their two roles were
+  // balanced (9899e9f); since their aux set the step they gain (GDNKIT_FUSED_BLOCK_SOLVE64 above).
+  static constexpr bool kBlockSolve =
+      DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;

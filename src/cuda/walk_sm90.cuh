@@ -18,11 +18,11 @@
 //   St  += Vdt K       m64 n(dk) k16 x NB, B = K MN-major (the same bytes as for K S)
 //
 // Three waits per step: K S with Q S, then Vn, then P Vn and Vd K as two commit groups, with O
-// stored once P Vn retires while Vd K still runs. (Q S kept in flight while Xt and Vn are formed,
-// waited for with Vn: ptxas serialises every wgmma (C7515) unless the zero-state path takes the
-// products too and Vn's first products overwrite instead of zeroed registers; so built, the
-// 64-column pairs measured within the noise and the walk-list kernels spilled: not kept,
-// docs/perf-notes.md, "The walk's copies".)
+// stored once P Vn retires while Vd K still runs. The block solve (kBlockSolve) waits three times
+// for Vn; with one state warpgroup it keeps Q S in flight while Xt is formed, retired with Vn's
+// first products (kQsLate). The zero-state path then takes the products too (zeros): else ptxas
+// serialises every wgmma (C7515). With the whole Mt the same measured within the noise, while the
+// aux set the step (docs/perf-notes.md, "The walk's copies").
 //
 // wgmma reads shared memory through the async proxy. The zero fills (the upper triangles in
 // prepare, the rows past a tail chunk's end in load) are ordinary stores, so the threads that
@@ -36,6 +36,14 @@
 // bit 2 ptxas also drops Q S and P Vn, whose results then feed nothing (docs/perf-notes.md).
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
+#endif
+// GDNKIT_WALK_QS_LATE 1 (default): in the block-solve walk of one state warpgroup (the fused
+// 64-column kernels), Q S in a commit group of its own after K S, retired by the block solve's
+// first wait, so that Xt is formed while Q S runs; 0: one group and one wait for both; 2: also with
+// two state warpgroups (not measured). With the block solve, against it alone on an H100: the
+// pairs' longer rows 2-5% faster, the short ones level (docs/perf-notes.md, "Every 64-column kernel by block substitution").
+#ifndef GDNKIT_WALK_QS_LATE
+#define GDNKIT_WALK_QS_LATE 1
 #endif
 
 #include "cuda/walk_kernel.cuh"
@@ -79,6 +87,7 @@ struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kBlockSolve = kBlockSolve_;
+  static constexpr bool kQsLate = kBlockSolve_ && (GDNKIT_WALK_QS_LATE == 2 || (GDNKIT_WALK_QS_LATE == 1 && WG == 1));
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
@@ -184,9 +193,9 @@ struct WgmmaWalk {
   // whole Mt applied to the rounded Xt (Vn_0 enters C_10 rounded once, as Vn enters P Vn). Three
   // product waits instead of one; each 16-token block of output its own n16 accumulator (the
   // right 16 of a half take both of its k-steps, the left only the first).
-  template <int NB>
+  template <int NB, class AfterFirstWait>
   __device__ static void block_solve(float (&vf)[8 * NB], float (&xz)[8 * NB], std::uint32_t (&xa)[NB][4],
-                                     std::uint64_t dm) {
+                                     std::uint64_t dm, AfterFirstWait&& after_first_wait) {
     constexpr int N0 = NB < 2 ? NB : 2;  // blocks of the first half
     auto acc16 = [&](int b) -> float (&)[8] { return *reinterpret_cast<float (*)[8]>(&vf[8 * b]); };
     // Each accumulator's first product overwrites it (no zeroed registers held across the rounds).
@@ -205,6 +214,7 @@ struct WgmmaWalk {
     gmma_wait<0>();
     gmma_fence(v0);
     fence_all(xa);
+    after_first_wait();
     if constexpr (NB > 2) {
       constexpr int N1 = NB - 2;  // blocks of the second half
       float (&z)[8 * N1] = *reinterpret_cast<float (*)[8 * N1]>(&xz[16]);
@@ -275,7 +285,9 @@ struct WgmmaWalk {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&vf)[8 * NB] = flat<8 * NB>(vn);
     std::uint32_t sa[DK / 16][4];
-    if (!zero_state) {
+    // With kQsLate a zero state takes the products too (zeros), so that no path defines Q S's
+    // registers outside wgmma while its group may be open (ptxas would serialise every wgmma, C7515).
+    if (kQsLate || !zero_state) {
       const std::uint64_t dk = gmma_desc(S.kq, 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
@@ -286,6 +298,7 @@ struct WgmmaWalk {
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
+      if constexpr (kQsLate) gmma_commit();  // K S alone: Xt waits for it only
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
@@ -295,11 +308,17 @@ struct WgmmaWalk {
       GDNKIT_STEP_MARK(3);
       aside();
       GDNKIT_STEP_MARK(4);
-      gmma_wait<0>();
-      GDNKIT_STEP_MARK(5);
-      gmma_fence(kf);
-      gmma_fence(qf);
-      fence_all(sa);
+      if constexpr (kQsLate) {
+        gmma_wait<1>();  // K S; Q S (and the St fragments it reads) stay in flight through Xt
+        GDNKIT_STEP_MARK(5);
+        gmma_fence(kf);
+      } else {
+        gmma_wait<0>();
+        GDNKIT_STEP_MARK(5);
+        gmma_fence(kf);
+        gmma_fence(qf);
+        fence_all(sa);
+      }
     } else {
       aside();
     }
@@ -307,7 +326,12 @@ struct WgmmaWalk {
     make_x(xa);
     GDNKIT_STEP_MARK(6);
     if constexpr (kBlockSolve) {
-      block_solve<NB>(vf, kf, xa, gmma_desc(S.mt, 16, 1024));
+      block_solve<NB>(vf, kf, xa, gmma_desc(S.mt, 16, 1024), [&] {
+        if constexpr (kQsLate) {  // Q S retired with the first products
+          gmma_fence(qf);
+          fence_all(sa);
+        }
+      });
       GDNKIT_STEP_MARK(8);
     } else {
 #pragma unroll
