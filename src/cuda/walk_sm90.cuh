@@ -39,9 +39,11 @@
 #endif
 // GDNKIT_WALK_QS_LATE 1 (default): in the block-solve walk of one state warpgroup (the fused
 // 64-column kernels), Q S in a commit group of its own after K S, retired by the block solve's
-// first wait, so that Xt is formed while Q S runs; 0: one group and one wait for both; 2: also with
-// two state warpgroups (not measured). With the block solve, against it alone on an H100: the
-// pairs' longer rows 2-5% faster, the short ones level (docs/perf-notes.md, "Every 64-column kernel by block substitution").
+// first wait, so that Xt is formed while Q S runs; 0: one group and one wait for both; 2: also
+// with two state warpgroups (there, at dk = 128, ptxas serialises every wgmma for want of
+// registers, C7512). Against the block solve alone on an H100: the fixed-b1 pairs 1-3% faster
+// from 4,096 tokens on, level at 1,024 (docs/perf-notes.md, "Every 64-column kernel by block
+// substitution").
 #ifndef GDNKIT_WALK_QS_LATE
 #define GDNKIT_WALK_QS_LATE 1
 #endif
