@@ -59,8 +59,8 @@ namespace gdnkit::cuda {
 // GDNKIT_FUSED_BLOCK_SOLVE64: which 64-column kernels solve Vn by block substitution, as the
 // 128-column ones do. 0: none (the whole inverse), 1: the unsplit pairs (kAuxP) only, 2 (default):
 // every one. With Q S late in their walk (GDNKIT_WALK_QS_LATE, walk_sm90.cuh), against 0 on an H100
-// (docs/perf-notes.md, "Every 64-column kernel by block substitution"): the pairs 5-6% faster, the
-// 64-column splits 0-1.5%.
+// (docs/perf-notes.md, "Every 64-column kernel by block substitution"): the fixed-b1 pairs
+// 4.6-6.0% faster, the 64-column splits within the noise.
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE64
 #define GDNKIT_FUSED_BLOCK_SOLVE64 2
 #endif
