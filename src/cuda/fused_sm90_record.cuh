@@ -228,7 +228,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
           const int b0 = 2 * (warp - 2);
           if (b0 < nb) emit_diag(b0);
           if (b0 + 1 < nb) emit_diag(b0 + 1);
-        } else if (F::kBlockSolve) {  // -C's quarter by warps 0 and 1, two pieces a lane, valid rows only
+        } else if (F::kWalkBlockSolve) {  // -C's quarter by warps 0 and 1, two pieces a lane, valid rows only
           if (32 + (64 * warp + lane) / 4 < 16 * nb) emit_c(64 * warp + lane);
           if (32 + (64 * warp + 32 + lane) / 4 < 16 * nb) emit_c(64 * warp + 32 + lane);
         }
@@ -237,6 +237,68 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
       [&] {  // no barrier: each thread's FULL arrival follows its own stores (the caller's fence)
         probe.mark();  // the probe's "block rows" (thread 0: warp 0's rows)
       });
+  if constexpr (F::kRecM10) {
+    // Mt_10 = -Mt_11 C_10 Mt_00 from the halves' inverses (Mt_hh = Tu_hh diag(beta_h), C_10 in At's
+    // bottom-left quarter without beta): the whole inverse's quarter, in two products of 32 x 32
+    // blocks instead of the whole inverse's longer block rows. Warp w forms block (I, J) = (2 + w / 2,
+    // w % 2): R = C_10 Tu_00, scaled into R' = diag(beta_1) R diag(beta_0), then -Tu_11 R', each on
+    // 3xTF32 mma.sync as the block rows are. R' goes through At's blocks right of the diagonal in
+    // block rows 0 and 1, which nothing reads.
+    if (nb > 2) {
+      named_sync(F::kBarAux, 128);  // Tu_10 and Tu_32 (every warp's strip) in Tl
+      const int I = 2 + warp / 2, J = warp % 2;
+      const auto tu = [&](int M, int N) -> const float* {  // Tu_MN, N <= M, ld LDA
+        return M == N ? At + (16 * M) * LDA + 16 * N : Tl + (16 * M - 16) * LDA + 16 * N;
+      };
+      float* const Rp = At + 32;  // R' block (N - 2, J) at rows 16 (N - 2), columns 32 + 16 J
+      if (I < nb) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          Tf32x3 acc;
+          acc.zero();
+          for (int M = J; M < 2; ++M) {
+            Tf32Ops ops[2];
+            const float* const a = At + (16 * I) * LDA + 16 * M;  // C_IM
+            const float* const b = tu(M, J) + 8 * nt;
+            ops[0].load(a, LDA, b, LDA, g, t);
+            ops[1].load(a + 8, LDA, b + 8 * LDA, LDA, g, t);
+            mma1688_3xtf32(acc, ops[0]);
+            mma1688_3xtf32(acc, ops[1]);
+          }
+          float r[4];
+          acc.sum(r);
+          const int c = 16 * J + 8 * nt + 2 * t;
+          const float2 bc = *reinterpret_cast<const float2*>(bs + c);
+          const float b0 = bs[16 * I + g], b1 = bs[16 * I + g + 8];
+          float* const out = Rp + (16 * (I - 2)) * LDA + c;
+          *reinterpret_cast<float2*>(out + g * LDA) = make_float2(b0 * r[0] * bc.x, b0 * r[1] * bc.y);
+          *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(b1 * r[2] * bc.x, b1 * r[3] * bc.y);
+        }
+      }
+      named_sync(F::kBarAux, 128);  // every block of R'
+      if (I < nb) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          Tf32x3 acc;
+          acc.zero();
+          for (int N = 2; N <= I; ++N) {
+            Tf32Ops ops[2];
+            const float* const a = tu(I, N);
+            const float* const b = Rp + (16 * (N - 2)) * LDA + 16 * J + 8 * nt;
+            ops[0].load(a, LDA, b, LDA, g, t);
+            ops[1].load(a + 8, LDA, b + 8 * LDA, LDA, g, t);
+            mma1688_3xtf32(acc, ops[0]);
+            mma1688_3xtf32(acc, ops[1]);
+          }
+          float o[4];
+          acc.sum(o);
+          const int c = 16 * J + 8 * nt + 2 * t;
+          put_pair(16 * I + g, c, -o[0], -o[1]);
+          put_pair(16 * I + g + 8, c, -o[2], -o[3]);
+        }
+      }
+    }
+  }
   if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero
     for (int idx = tid; idx < 2 * (kChunk - 16 * nb) * 8; idx += 128) {
       const int c = idx % 8, r = 16 * nb + (idx / 8) % (kChunk - 16 * nb);

@@ -64,6 +64,12 @@ namespace gdnkit::cuda {
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE64
 #define GDNKIT_FUSED_BLOCK_SOLVE64 2
 #endif
+// GDNKIT_FUSED_RECORD_M10 (kRecM10 below): 0 (default) the walk solves Vn by block substitution
+// where the aux inverts by halves; 1 the 64-column kernels' aux forms the whole Mt from the halves
+// instead, the walk applying it in one product wait; 2 every kernel's.
+#ifndef GDNKIT_FUSED_RECORD_M10
+#define GDNKIT_FUSED_RECORD_M10 0
+#endif
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
   using T = T_;
@@ -99,8 +105,15 @@ struct FusedSm90 {
   // balanced (9899e9f); since their aux set the step they gain (GDNKIT_FUSED_BLOCK_SOLVE64 above).
   static constexpr bool kBlockSolve =
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
+  // kRecM10 (GDNKIT_FUSED_RECORD_M10): the aux inverts by halves as for kBlockSolve, then forms Mt's
+  // bottom-left quarter from them, Mt_10 = -Mt_11 C_10 Mt_00 (record_m10), so that the walk applies
+  // the whole Mt in one product wait instead of the block solve's three.
+  static constexpr bool kRecM10 =
+      kBlockSolve && (GDNKIT_FUSED_RECORD_M10 == 2 || (GDNKIT_FUSED_RECORD_M10 == 1 && DVB_ == 64));
+  // The walk solves Vn by block substitution (the record holds -C_10 in Mt_10's place).
+  static constexpr bool kWalkBlockSolve = kBlockSolve && !kRecM10;
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
-  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
+  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kWalkBlockSolve, kRecM10> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };
