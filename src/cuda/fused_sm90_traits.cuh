@@ -66,7 +66,10 @@ namespace gdnkit::cuda {
 #endif
 // GDNKIT_FUSED_RECORD_M10 (kRecM10 below): 0 (default) the walk solves Vn by block substitution
 // where the aux inverts by halves; 1 the 64-column kernels' aux forms the whole Mt from the halves
-// instead, the walk applying it in one product wait; 2 every kernel's.
+// instead, the walk applying it in one product wait; 2 every kernel's. Measured on an H100: the
+// pairs 10-11% slower with 1 (the aux's products take ~2,500 cycles a record and the records reach
+// FULL later), the 128-column kernels 61-67% slower with 2 (their aux spills). Kept, off, for a
+// cheaper Mt_10 (docs/perf-notes.md, "Mt_10 formed by the aux from the halves").
 #ifndef GDNKIT_FUSED_RECORD_M10
 #define GDNKIT_FUSED_RECORD_M10 0
 #endif
