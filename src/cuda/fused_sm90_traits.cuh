@@ -73,6 +73,11 @@ namespace gdnkit::cuda {
 #ifndef GDNKIT_FUSED_RECORD_M10
 #define GDNKIT_FUSED_RECORD_M10 0
 #endif
+// With GDNKIT_FUSED_M10_FFMA=1 the aux forms Mt_10 in fp32 FFMA instead of 3xTF32 mma.sync, off the
+// tensor pipe the walk keeps busy (built and emulated, not yet timed; docs/perf-notes.md).
+#ifndef GDNKIT_FUSED_M10_FFMA
+#define GDNKIT_FUSED_M10_FFMA 0
+#endif
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
   using T = T_;
