@@ -315,15 +315,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
         for (int nt = 0; nt < 2; ++nt) {
           Tf32x3 acc;
           acc.zero();
-          for (int M = J; M < 2; ++M) {
-            Tf32Ops ops[2];
-            const float* const a = At + (16 * I) * LDA + 16 * M;  // C_IM
-            const float* const b = tu(M, J) + 8 * nt;
-            ops[0].load(a, LDA, b, LDA, g, t);
-            ops[1].load(a + 8, LDA, b + 8 * LDA, LDA, g, t);
-            mma1688_3xtf32(acc, ops[0]);
-            mma1688_3xtf32(acc, ops[1]);
-          }
+          for (int M = J; M < 2; ++M)  // C_IM Tu_MJ
+            mma_k16_3xtf32(acc, At + (16 * I) * LDA + 16 * M, LDA, tu(M, J) + 8 * nt, LDA, g, t);
           float r[4];
           acc.sum(r);
           const int c = 16 * J + 8 * nt + 2 * t;
@@ -340,15 +333,8 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
         for (int nt = 0; nt < 2; ++nt) {
           Tf32x3 acc;
           acc.zero();
-          for (int N = 2; N <= I; ++N) {
-            Tf32Ops ops[2];
-            const float* const a = tu(I, N);
-            const float* const b = Rp + (16 * (N - 2)) * LDA + 16 * J + 8 * nt;
-            ops[0].load(a, LDA, b, LDA, g, t);
-            ops[1].load(a + 8, LDA, b + 8 * LDA, LDA, g, t);
-            mma1688_3xtf32(acc, ops[0]);
-            mma1688_3xtf32(acc, ops[1]);
-          }
+          for (int N = 2; N <= I; ++N)  // Tu_IN R'_NJ
+            mma_k16_3xtf32(acc, tu(I, N), LDA, Rp + (16 * (N - 2)) * LDA + 16 * J + 8 * nt, LDA, g, t);
           float o[4];
           acc.sum(o);
           const int c = 16 * J + 8 * nt + 2 * t;
