@@ -240,10 +240,11 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
   if constexpr (F::kRecM10) {
     // Mt_10 = -Mt_11 C_10 Mt_00 from the halves' inverses (Mt_hh = Tu_hh diag(beta_h), C_10 in At's
     // bottom-left quarter without beta): the whole inverse's quarter, in two products of 32 x 32
-    // blocks instead of the whole inverse's longer block rows. Warp w forms block (I, J) = (2 + w / 2,
-    // w % 2): R = C_10 Tu_00, scaled into R' = diag(beta_1) R diag(beta_0), then -Tu_11 R', each on
-    // 3xTF32 mma.sync as the block rows are. R' goes through At's blocks right of the diagonal in
-    // block rows 0 and 1, which nothing reads.
+    // blocks instead of the whole inverse's longer block rows: R = C_10 Tu_00, scaled into
+    // R' = diag(beta_1) R diag(beta_0), then -Tu_11 R'. R' goes through At's blocks right of the
+    // diagonal in block rows 0 and 1, which nothing reads. Both products in fp32 FFMA with
+    // GDNKIT_FUSED_M10_FFMA (first branch), else on 3xTF32 mma.sync as the block rows are, warp w
+    // forming block (I, J) = (2 + w / 2, w % 2) (second).
     if (nb > 2 && GDNKIT_FUSED_M10_FFMA != 0) {
       // The same products in fp32 FFMA (no tensor-core chains beside the walk's wgmma): lane r forms
       // row 32 + r, warp w columns c0 = 8 w .. c0 + 7; Tu_00's and Tu_11's zeros above their

@@ -114,7 +114,7 @@ struct FusedSm90 {
   static constexpr bool kBlockSolve =
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   // kRecM10 (GDNKIT_FUSED_RECORD_M10): the aux inverts by halves as for kBlockSolve, then forms Mt's
-  // bottom-left quarter from them, Mt_10 = -Mt_11 C_10 Mt_00 (record_m10), so that the walk applies
+  // bottom-left quarter from them, Mt_10 = -Mt_11 C_10 Mt_00 (fused_record), so that the walk applies
   // the whole Mt in one product wait instead of the block solve's three.
   static constexpr bool kRecM10 =
       kBlockSolve && (GDNKIT_FUSED_RECORD_M10 == 2 || (GDNKIT_FUSED_RECORD_M10 == 1 && DVB_ == 64));
