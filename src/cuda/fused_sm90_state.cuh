@@ -150,26 +150,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         __syncwarp();
         if (lane == 0) mbar_arrive_cluster(peer_smem(F::rec_free_bar(smem, (j - 1) % R), cluster_rank() ^ 1u));
       }
-      named_sync(F::kBarFull + s, F::kThreads);
-      GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
-      GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
-      if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
-#if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
-      mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
-#endif
-      GDNKIT_STEP_MARK(1);
-      // Past FULL of chunk j every state thread is done with step j - 1, so chunk j - 1's stages
-      // are free (below). In the walk-list kernels chunk j + 2's K and Q go there first, ahead of
-      // the O store and V's copy (kKqFirst; the 64-column kernels have copied them already, at the
-      // end of step j - 1: kKqAtEnd).
-#if GDNKIT_PROBE_COPIES
-      if (kKqFirst && tid == 0 && j >= 1) {
-        const int a = F::ahead(smem, s)[1];
-        if (a >= 0) copy.kq(a, (j + 2) % 3);
-      }
-#endif
-      if constexpr (!kStoreAtEnd)
-        if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
       // Every state thread is past step j - 1, so its stages are free: V of chunk j + 1 and K, Q of
       // chunk j + 2 go there (chunks 0-2 and 0-1 are the aux's; K and Q above where kKqFirst). With
       // two state warpgroups, state thread 0 issues them while the step's K S and Q S are in flight
@@ -201,33 +181,69 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         }
 #endif
       };
-      if constexpr (!kVAside) copy_v();
-      if constexpr (!kCopiesAside) copy_kq();
       const auto aside = [&] {
         if constexpr (kCopiesAside) copy_kq();
         if constexpr (kVAside) copy_v();  // after K and Q: it waits for the O store's reads
       };
-      probe.mark();
       unsigned char* const rec = F::rec(smem, s);
-      if (nrows < C) {
-        // A tail chunk: each warpgroup zeroes the rows of its own 64 V columns that the walk reads
-        // past the end, [nrows, 16 nb) (TMA filled them from the next sequence; at most 15 rows of
-        // 8 16-byte words: one store per thread).
-        // (The thread's indices from an opaque tid: hoisted out of the walk, they had spilled.)
-        const int ot = opaque(tid), idx = ot % 128, r = nrows + idx / 8;
-        if (r < 16 * ((nrows + 15) / 16))
-          *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (ot / 128) * (C * 128) +
-                                    swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
-      }
       const float* const p_gates = reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C;
-      if constexpr (!F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
-      // The zero V rows and P, before the walk reads them (and a later TMA copy rewrites V); where
-      // kPBarrierLate, only a tail's V rows here and P just before P Vn (FusedLateP).
-      if (!F::kPBarrierLate || nrows < C) {
-        gmma_smem_fence();
-        named_sync(F::kBarP, 128 * F::kStateWarpgroups);
+      // From FULL (the record in place) to the walk. With kKsEarly a full chunk's K S and Q S go
+      // first, once its K and Q have landed, and this runs while they are in flight (walk_aside).
+      const bool ks_early = F::kKsEarly && nrows == C;
+      const auto after_full = [&] {
+        named_sync(F::kBarFull + s, F::kThreads);
+        GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
+        GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
+        if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
+#if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
+        mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
+#endif
+        GDNKIT_STEP_MARK(1);
+        // Past FULL of chunk j every state thread is done with step j - 1, so chunk j - 1's stages
+        // are free (below). In the walk-list kernels chunk j + 2's K and Q go there first, ahead of
+        // the O store and V's copy (kKqFirst; the 64-column kernels have copied them already, at the
+        // end of step j - 1: kKqAtEnd).
+#if GDNKIT_PROBE_COPIES
+        if (kKqFirst && tid == 0 && j >= 1) {
+          const int a = F::ahead(smem, s)[1];
+          if (a >= 0) copy.kq(a, (j + 2) % 3);
+        }
+#endif
+        if constexpr (!kStoreAtEnd)
+          if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
+        if constexpr (!kVAside) copy_v();
+        if constexpr (!kCopiesAside) copy_kq();
+        probe.mark();
+        if (nrows < C) {
+          // A tail chunk: each warpgroup zeroes the rows of its own 64 V columns that the walk reads
+          // past the end, [nrows, 16 nb) (TMA filled them from the next sequence; at most 15 rows of
+          // 8 16-byte words: one store per thread).
+          // (The thread's indices from an opaque tid: hoisted out of the walk, they had spilled.)
+          const int ot = opaque(tid), idx = ot % 128, r = nrows + idx / 8;
+          if (r < 16 * ((nrows + 15) / 16))
+            *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (ot / 128) * (C * 128) +
+                                      swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        if constexpr (!F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
+        // The zero V rows and P, before the walk reads them (and a later TMA copy rewrites V); where
+        // kPBarrierLate, only a tail's V rows here and P just before P Vn (FusedLateP).
+        if (!F::kPBarrierLate || nrows < C) {
+          gmma_smem_fence();
+          named_sync(F::kBarP, 128 * F::kStateWarpgroups);
+        }
+        GDNKIT_STEP_MARK(2);
+      };
+      if constexpr (F::kKsEarly) {
+        if (ks_early) mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
+        else after_full();
+      } else {
+        after_full();
       }
-      GDNKIT_STEP_MARK(2);
+      const auto walk_aside = [&] {
+        if constexpr (F::kKsEarly)
+          if (ks_early) after_full();
+        aside();
+      };
       const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
                            reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
       // A map CTA's "o" rows (the start state's share of o) go to map_o in the correction's
@@ -260,9 +276,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         }
       };
       if constexpr (!F::kPBarrierLate) {
-        walk(aside);
+        walk(walk_aside);
       } else {
-        FusedLateP<F, decltype(aside)> late{aside};
+        FusedLateP<F, decltype(walk_aside)> late{walk_aside};
         walk(late);
       }
       if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)

@@ -53,6 +53,16 @@
 #ifndef GDNKIT_FUSED_PRODUCER
 #define GDNKIT_FUSED_PRODUCER 1
 #endif
+// GDNKIT_FUSED_KS_EARLY (kKsEarly below): a full chunk's K S and Q S are issued once its K and Q have
+// landed, before the wait for the record (FULL), so that the state's wait for FULL and the products
+// overlap. 1 (default): in the unsplit 64-column kernels (kAuxP); 2: also in the 64-column walk-list
+// kernels, whose state warpgroup forms P (its products then retire K S and Q S too); 0: after FULL.
+// The 128-column kernels have no registers for it (with it ptxas spills and serialises their wgmma).
+// Tail chunks keep the old order: the aux zeroes their K rows past the end before FULL. Against 0 on
+// an H100 (docs/perf-notes.md, "K S and Q S before FULL"): the pairs 7.7-9.4% faster.
+#ifndef GDNKIT_FUSED_KS_EARLY
+#define GDNKIT_FUSED_KS_EARLY 1
+#endif
 
 namespace gdnkit::cuda {
 
@@ -121,6 +131,9 @@ struct FusedSm90 {
   // The walk solves Vn by block substitution (the record holds -C_10 in Mt_10's place).
   static constexpr bool kWalkBlockSolve = kBlockSolve && !kRecM10;
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
+  // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
+  // the walk's K S wait), with =2 also where one state warpgroup forms P (fused_p's wait retires them).
+  static constexpr bool kKsEarly = (kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0) || (GDNKIT_FUSED_KS_EARLY == 2 && DVB_ == 64);
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kWalkBlockSolve, kRecM10> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
