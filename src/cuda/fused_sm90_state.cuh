@@ -234,8 +234,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         GDNKIT_STEP_MARK(2);
       };
       if constexpr (F::kKsEarly) {
-        if (ks_early) mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
-        else after_full();
+        if (!ks_early) after_full();
+#if GDNKIT_PROBE_COPIES
+        else mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q (as the aux waits)
+#endif
       } else {
         after_full();
       }
