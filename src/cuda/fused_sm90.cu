@@ -76,8 +76,8 @@ const void* fused_func(bool paired) {
 }
 template <typename T, int DK, int DVB, bool kWalks>
 constexpr bool paired_block_solve() {
-  if constexpr (has_aux_p<DVB, kWalks>()) return FusedSm90<T, DK, DVB, kWalks, true>::kWalkBlockSolve;
-  return FusedSm90<T, DK, DVB, kWalks>::kWalkBlockSolve;
+  if constexpr (has_aux_p<DVB, kWalks>()) return FusedSm90<T, DK, DVB, kWalks, true>::kBlockSolve;
+  return FusedSm90<T, DK, DVB, kWalks>::kBlockSolve;
 }
 template <typename T, int DK, int DVB, bool kWalks>
 constexpr std::size_t fused_smem_bytes() {
@@ -162,7 +162,7 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      true,
                      has_aux_p<DVB, kWalks>() ? fused_func<T, DK, DVB, kWalks>(true) : nullptr,
                      false,
-                     F::kWalkBlockSolve,
+                     F::kBlockSolve,
                      kWalks ? reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, true, false, true>) : nullptr,
                      paired_block_solve<T, DK, DVB, kWalks>()};
 }

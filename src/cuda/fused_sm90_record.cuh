@@ -228,7 +228,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
           const int b0 = 2 * (warp - 2);
           if (b0 < nb) emit_diag(b0);
           if (b0 + 1 < nb) emit_diag(b0 + 1);
-        } else if (F::kWalkBlockSolve) {  // -C's quarter by warps 0 and 1, two pieces a lane, valid rows only
+        } else if (F::kBlockSolve) {  // -C's quarter by warps 0 and 1, two pieces a lane, valid rows only
           if (32 + (64 * warp + lane) / 4 < 16 * nb) emit_c(64 * warp + lane);
           if (32 + (64 * warp + 32 + lane) / 4 < 16 * nb) emit_c(64 * warp + 32 + lane);
         }
@@ -237,114 +237,6 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
       [&] {  // no barrier: each thread's FULL arrival follows its own stores (the caller's fence)
         probe.mark();  // the probe's "block rows" (thread 0: warp 0's rows)
       });
-  if constexpr (F::kRecM10) {
-    // Mt_10 = -Mt_11 C_10 Mt_00 from the halves' inverses (Mt_hh = Tu_hh diag(beta_h), C_10 in At's
-    // bottom-left quarter without beta): the whole inverse's quarter, in two products of 32 x 32
-    // blocks instead of the whole inverse's longer block rows: R = C_10 Tu_00, scaled into
-    // R' = diag(beta_1) R diag(beta_0), then -Tu_11 R'. R' goes through At's blocks right of the
-    // diagonal in block rows 0 and 1, which nothing reads. Both products in fp32 FFMA with
-    // GDNKIT_FUSED_M10_FFMA (first branch), else on 3xTF32 mma.sync as the block rows are, warp w
-    // forming block (I, J) = (2 + w / 2, w % 2) (second).
-    if (nb > 2 && GDNKIT_FUSED_M10_FFMA != 0) {
-      // The same products in fp32 FFMA (no tensor-core chains beside the walk's wgmma): lane r forms
-      // row 32 + r, warp w columns c0 = 8 w .. c0 + 7; Tu_00's and Tu_11's zeros above their
-      // diagonals bound the sums (their 16 x 16 diagonal blocks in At hold zeros there; the blocks
-      // right of them are never read).
-      named_sync(F::kBarAux, 128);  // Tu_10 and Tu_32 (every warp's strip) in Tl
-      const int r = lane, c0 = 8 * warp;
-      float acc[8] = {};
-      const float* const crow = At + (32 + r) * LDA;  // C_10's row r
-      for (int k = c0; k < 32; k += 4) {  // Tu_00[k][c] = 0 for k < c
-        const float4 cv = *reinterpret_cast<const float4*>(crow + k);
-        const float cs[4] = {cv.x, cv.y, cv.z, cv.w};
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const int kr = k + kk;
-          const float* const trow = (c0 < 16 && kr >= 16 ? Tl + (kr - 16) * LDA : At + kr * LDA) + c0;
-          const float4 t0 = *reinterpret_cast<const float4*>(trow);
-          const float4 t1 = *reinterpret_cast<const float4*>(trow + 4);
-          const float tv[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += cs[kk] * tv[e];
-        }
-      }
-      {  // R' = diag(beta_1) R diag(beta_0), into At's row r, columns 32 + c0 ..
-        const float br = bs[32 + r];
-        const float4 b0 = *reinterpret_cast<const float4*>(bs + c0);
-        const float4 b1 = *reinterpret_cast<const float4*>(bs + c0 + 4);
-        float* const out = At + r * LDA + 32 + c0;
-        *reinterpret_cast<float4*>(out) =
-            make_float4(br * acc[0] * b0.x, br * acc[1] * b0.y, br * acc[2] * b0.z, br * acc[3] * b0.w);
-        *reinterpret_cast<float4*>(out + 4) =
-            make_float4(br * acc[4] * b1.x, br * acc[5] * b1.y, br * acc[6] * b1.z, br * acc[7] * b1.w);
-      }
-      named_sync(F::kBarAux, 128);  // every row of R'
-      if (32 + r < 16 * nb) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-        // Tu_11's row r: columns 0-15 in At's diagonal block 2 (r < 16) or Tl's block (3, 2), 16-31
-        // in block 3 (r >= 16 only).
-        const float* const t1row = (r < 16 ? At + (32 + r) * LDA : Tl + (16 + r) * LDA) + 32;
-        const auto rows = [&](const float* trow, int k0) {
-          for (int k = k0; k < k0 + 16; k += 4) {
-            const float4 tv = *reinterpret_cast<const float4*>(trow + k);
-            const float ts[4] = {tv.x, tv.y, tv.z, tv.w};
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-              const float* const rrow = At + (k + kk) * LDA + 32 + c0;
-              const float4 r0 = *reinterpret_cast<const float4*>(rrow);
-              const float4 r1 = *reinterpret_cast<const float4*>(rrow + 4);
-              const float rv[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[e] += ts[kk] * rv[e];
-            }
-          }
-        };
-        rows(t1row, 0);
-        if (r >= 16) rows(At + (32 + r) * LDA + 32, 16);
-        put_piece(32 + r, c0, {-acc[0], -acc[1], -acc[2], -acc[3], -acc[4], -acc[5], -acc[6], -acc[7]});
-      }
-    } else if (nb > 2) {
-      named_sync(F::kBarAux, 128);  // Tu_10 and Tu_32 (every warp's strip) in Tl
-      const int I = 2 + warp / 2, J = warp % 2;
-      const auto tu = [&](int M, int N) -> const float* {  // Tu_MN, N <= M, ld LDA
-        return M == N ? At + (16 * M) * LDA + 16 * N : Tl + (16 * M - 16) * LDA + 16 * N;
-      };
-      float* const Rp = At + 32;  // R' block (N - 2, J) at rows 16 (N - 2), columns 32 + 16 J
-      if (I < nb) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          Tf32x3 acc;
-          acc.zero();
-          for (int M = J; M < 2; ++M)  // C_IM Tu_MJ
-            mma_k16_3xtf32(acc, At + (16 * I) * LDA + 16 * M, LDA, tu(M, J) + 8 * nt, LDA, g, t);
-          float r[4];
-          acc.sum(r);
-          const int c = 16 * J + 8 * nt + 2 * t;
-          const float2 bc = *reinterpret_cast<const float2*>(bs + c);
-          const float b0 = bs[16 * I + g], b1 = bs[16 * I + g + 8];
-          float* const out = Rp + (16 * (I - 2)) * LDA + c;
-          *reinterpret_cast<float2*>(out + g * LDA) = make_float2(b0 * r[0] * bc.x, b0 * r[1] * bc.y);
-          *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(b1 * r[2] * bc.x, b1 * r[3] * bc.y);
-        }
-      }
-      named_sync(F::kBarAux, 128);  // every block of R'
-      if (I < nb) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          Tf32x3 acc;
-          acc.zero();
-          for (int N = 2; N <= I; ++N)  // Tu_IN R'_NJ
-            mma_k16_3xtf32(acc, tu(I, N), LDA, Rp + (16 * (N - 2)) * LDA + 16 * J + 8 * nt, LDA, g, t);
-          float o[4];
-          acc.sum(o);
-          const int c = 16 * J + 8 * nt + 2 * t;
-          put_pair(16 * I + g, c, -o[0], -o[1]);
-          put_pair(16 * I + g + 8, c, -o[2], -o[3]);
-        }
-      }
-    }
-  }
   if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero
     for (int idx = tid; idx < 2 * (kChunk - 16 * nb) * 8; idx += 128) {
       const int c = idx % 8, r = 16 * nb + (idx / 8) % (kChunk - 16 * nb);

@@ -74,20 +74,6 @@ namespace gdnkit::cuda {
 #ifndef GDNKIT_FUSED_BLOCK_SOLVE64
 #define GDNKIT_FUSED_BLOCK_SOLVE64 2
 #endif
-// GDNKIT_FUSED_RECORD_M10 (kRecM10 below): 0 (default) the walk solves Vn by block substitution
-// where the aux inverts by halves; 1 the 64-column kernels' aux forms the whole Mt from the halves
-// instead, the walk applying it in one product wait; 2 every kernel's. Measured on an H100: the
-// pairs 10-11% slower with 1 (the aux's products take ~2,500 cycles a record and the records reach
-// FULL later), the 128-column kernels 61-67% slower with 2 (their aux spills). Kept, off, for a
-// cheaper Mt_10 (docs/perf-notes.md, "Mt_10 formed by the aux from the halves").
-#ifndef GDNKIT_FUSED_RECORD_M10
-#define GDNKIT_FUSED_RECORD_M10 0
-#endif
-// With GDNKIT_FUSED_M10_FFMA=1 the aux forms Mt_10 in fp32 FFMA instead of 3xTF32 mma.sync, off the
-// tensor pipe the walk keeps busy (built and emulated, not yet timed; docs/perf-notes.md).
-#ifndef GDNKIT_FUSED_M10_FFMA
-#define GDNKIT_FUSED_M10_FFMA 0
-#endif
 template <typename T_, int DK_, int DVB_ = 128, bool kWalks_ = false, bool kAuxP_ = false>
 struct FusedSm90 {
   using T = T_;
@@ -123,18 +109,11 @@ struct FusedSm90 {
   // balanced (9899e9f); since their aux set the step they gain (GDNKIT_FUSED_BLOCK_SOLVE64 above).
   static constexpr bool kBlockSolve =
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
-  // kRecM10 (GDNKIT_FUSED_RECORD_M10): the aux inverts by halves as for kBlockSolve, then forms Mt's
-  // bottom-left quarter from them, Mt_10 = -Mt_11 C_10 Mt_00 (fused_record), so that the walk applies
-  // the whole Mt in one product wait instead of the block solve's three.
-  static constexpr bool kRecM10 =
-      kBlockSolve && (GDNKIT_FUSED_RECORD_M10 == 2 || (GDNKIT_FUSED_RECORD_M10 == 1 && DVB_ == 64));
-  // The walk solves Vn by block substitution (the record holds -C_10 in Mt_10's place).
-  static constexpr bool kWalkBlockSolve = kBlockSolve && !kRecM10;
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait), with =2 also where one state warpgroup forms P (fused_p's wait retires them).
   static constexpr bool kKsEarly = (kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0) || (GDNKIT_FUSED_KS_EARLY == 2 && DVB_ == 64);
-  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kWalkBlockSolve, kRecM10> {
+  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };

@@ -206,17 +206,6 @@ __device__ __forceinline__ void mma1688_3xtf32(Tf32x3& d, const Tf32Ops& o) {
   mma1688_tf32(d.hihi, ah, bh[0], bh[1]);
 }
 
-// d += A B on 3xTF32 for A 16 x 16 (ld lda) and B 16 x 8 (ld ldb), both fp32 in shared memory (the
-// fused record's Mt_10; block_strip keeps its own order of loads and products, which its SASS has).
-__device__ __forceinline__ void mma_k16_3xtf32(Tf32x3& d, const float* a, int lda, const float* b, int ldb, int g,
-                                               int t) {
-  Tf32Ops ops[2];
-  ops[0].load(a, lda, b, ldb, g, t);
-  ops[1].load(a + 8, lda, b + 8 * ldb, ldb, g, t);
-  mma1688_3xtf32(d, ops[0]);
-  mma1688_3xtf32(d, ops[1]);
-}
-
 // The gate of row tid (tid < 64) or the beta of row tid - 64 (64 <= tid < 128) of the chunk at
 // token c0 (nrows valid rows), output head h, in two halves: load_gate_beta_bits issues the load
 // and returns the word as loaded (a 16-bit beta in the low half), gate_beta_value converts it. A

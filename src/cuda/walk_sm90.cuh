@@ -84,15 +84,12 @@ __device__ __forceinline__ void load_kq_swizzled(unsigned char* kd, unsigned cha
 // kBlockSolve_ (the fused kernel's): the record's Mt holds only its two 32 x 32 diagonal blocks,
 // and below them -C = -(K K^T) .* D (D_ij = exp(G_i - G_j)), so kq_vn solves Vn by block
 // substitution instead of one product with the whole Mt (block_solve).
-// kQsLateWhole_: Q S late (below) with the whole Mt too (the fused kernels whose aux forms Mt_10 from
-// the halves, FusedSm90::kRecM10): Vn's first products then overwrite their accumulators.
-template <typename T_, int DK_, int WG, bool kBlockSolve_ = false, bool kQsLateWhole_ = false>
+template <typename T_, int DK_, int WG, bool kBlockSolve_ = false>
 struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kBlockSolve = kBlockSolve_;
-  static constexpr bool kQsLate =
-      (kBlockSolve_ || kQsLateWhole_) && (GDNKIT_WALK_QS_LATE == 2 || (GDNKIT_WALK_QS_LATE == 1 && WG == 1));
+  static constexpr bool kQsLate = kBlockSolve_ && (GDNKIT_WALK_QS_LATE == 2 || (GDNKIT_WALK_QS_LATE == 1 && WG == 1));
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
   static constexpr int kThreads = 128 * WG;
@@ -171,22 +168,19 @@ struct WgmmaWalk {
   // register range (16 per 32 columns in wgmma's layout) that only n32 products touch: wgmma
   // orders accumulator accesses by default only between products of one shape. B of the right
   // half starts 32 rows (4 KB, whole swizzle atoms) into the tile. Tail chunks keep full products.
-  // With accumulate false the first product of each register range overwrites it.
   template <int NB>
-  __device__ static void lower_products(float (&acc)[8 * NB], const std::uint32_t (&a)[NB][4], std::uint64_t desc,
-                                        bool accumulate = true) {
+  __device__ static void lower_products(float (&acc)[8 * NB], const std::uint32_t (&a)[NB][4], std::uint64_t desc) {
     if constexpr (NB == 4) {
       float (&left)[16] = *reinterpret_cast<float (*)[16]>(&acc[0]);
       float (&right)[16] = *reinterpret_cast<float (*)[16]>(&acc[16]);
 #pragma unroll
       for (int bj = 0; bj < 4; ++bj) {
-        if (bj < 2) gmma_rs<T, 32, false>(left, a[bj], gmma_desc_add(desc, 32 * bj), bj > 0 || accumulate);
-        gmma_rs<T, 32, false>(right, a[bj], gmma_desc_add(desc, 32 * 128 + 32 * bj), bj > 0 || accumulate);
+        if (bj < 2) gmma_rs<T, 32, false>(left, a[bj], gmma_desc_add(desc, 32 * bj), true);
+        gmma_rs<T, 32, false>(right, a[bj], gmma_desc_add(desc, 32 * 128 + 32 * bj), true);
       }
     } else {
 #pragma unroll
-      for (int bj = 0; bj < NB; ++bj)
-        gmma_rs<T, 16 * NB, false>(acc, a[bj], gmma_desc_add(desc, 32 * bj), bj > 0 || accumulate);
+      for (int bj = 0; bj < NB; ++bj) gmma_rs<T, 16 * NB, false>(acc, a[bj], gmma_desc_add(desc, 32 * bj), true);
     }
   }
 
@@ -342,16 +336,13 @@ struct WgmmaWalk {
       });
       GDNKIT_STEP_MARK(8);
     } else {
-      // With kQsLate Vn's first products overwrite their accumulators (no zeroed registers while
-      // Q S's group is open: C7515).
-      if constexpr (!kQsLate)
 #pragma unroll
-        for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
+      for (int i = 0; i < 8 * NB; ++i) vf[i] = 0.0f;
       const std::uint64_t dm = gmma_desc(S.mt, 16, 1024);
       fence_all(xa);
       gmma_fence(vf);
       gmma_arrive();
-      lower_products<NB>(vf, xa, gmma_desc_add(dm, m_bytes), !kQsLate);  // Mt lo, then hi
+      lower_products<NB>(vf, xa, gmma_desc_add(dm, m_bytes));  // Mt lo, then hi
       lower_products<NB>(vf, xa, dm);
       gmma_commit();
       GDNKIT_STEP_MARK(7);
@@ -359,10 +350,6 @@ struct WgmmaWalk {
       GDNKIT_STEP_MARK(8);
       gmma_fence(vf);
       fence_all(xa);
-      if constexpr (kQsLate) {  // Q S retired with Vn
-        gmma_fence(qf);
-        fence_all(sa);
-      }
     }
   }
 
