@@ -303,17 +303,11 @@ __device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* 
 // walk_chunk's aside in the kernels whose state warpgroups meet the P barrier just before P Vn
 // (FusedSm90::kPBarrierLate): walk_chunk calls before_out() there, so that no state warp waits for
 // the others (or for thread 0's copies right after FULL) before its first product.
-// pre() runs first there (F::kOvWg1: V's copy).
-struct NoPre {
-  __device__ __forceinline__ void operator()() const {}
-};
-template <class F, class Fn, class Pre = NoPre>
+template <class F, class Fn>
 struct FusedLateP {
   Fn& fn;
-  Pre pre = {};
   __device__ __forceinline__ void operator()() { fn(); }
   __device__ __forceinline__ void before_out() const {
-    pre();
     gmma_smem_fence();  // this thread's P, for the wgmma reads of P Vn
     named_sync(F::kBarP, 128 * F::kStateWarpgroups);
   }

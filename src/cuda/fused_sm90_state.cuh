@@ -95,10 +95,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   constexpr bool kKqAtEnd = kStoreAtEnd;
   constexpr bool kKqFirst = !kKqAtEnd && (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && F::kWalks));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
-  // The thread that stores the staged O and copies V (and waits for the store's reads before that
-  // copy): state thread 0, or with F::kOvWg1 warpgroup 1's first (the copy then just before the
-  // P barrier).
-  constexpr int kOvThread = F::kOvWg1 ? 128 : 0;
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
 #pragma unroll
     for (int b = 0; b < F::DVB / 64; ++b)
@@ -174,7 +170,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       const auto copy_v = [&] {
 #if GDNKIT_PROBE_COPIES
-        if (!F::kProducer && tid == kOvThread && j >= 1) {
+        if (!F::kProducer && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
 #if !GDNKIT_FUSED_PROBE_NO_VWAIT
@@ -187,11 +183,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       const auto aside = [&] {
         if constexpr (kCopiesAside) copy_kq();
-        if constexpr (kVAside && !F::kOvWg1) copy_v();  // after K and Q: it waits for the O store's reads
-#if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
-        if constexpr (F::kVWaitLate)  // a full chunk's V, just before make_x reads it (a tail's: after FULL)
-          if (nrows == C) mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);
-#endif
+        if constexpr (kVAside) copy_v();  // after K and Q: it waits for the O store's reads
       };
       unsigned char* const rec = F::rec(smem, s);
       const float* const p_gates = reinterpret_cast<const float*>(smem + F::off_gates + s * F::gates_bytes) + C;
@@ -204,8 +196,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
         if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
 #if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
-        if (!(F::kVWaitLate && nrows == C))
-          mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
+        mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
         GDNKIT_STEP_MARK(1);
         // Past FULL of chunk j every state thread is done with step j - 1, so chunk j - 1's stages
@@ -219,7 +210,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         }
 #endif
         if constexpr (!kStoreAtEnd)
-          if (tid == kOvThread && o_pending >= 0) store_staged_o(j - 1);
+          if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
         if constexpr (!kVAside) copy_v();
         if constexpr (!kCopiesAside) copy_kq();
         probe.mark();
@@ -288,16 +279,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
-      } else if constexpr (F::kOvWg1 && !F::kVAtEnd) {
-        const auto v_pre = [&] { copy_v(); };
-        FusedLateP<F, decltype(walk_aside), decltype(v_pre)> late{walk_aside, v_pre};
-        walk(late);
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};
         walk(late);
       }
       if (o_stage != nullptr) gmma_smem_fence();  // the staged O, for the TMA store (async proxy)
-      if constexpr (F::kVAtEnd) copy_v();
       o_pending = o_stage != nullptr ? static_cast<int>(c0) : -1;
       if constexpr (F::kProducer) {
         // The producer stores the staged O and copies chunk j + 3's K and Q and chunk j + 2's V once
@@ -341,9 +327,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   {  // the last chunk's staged O; no store is in flight at exit
     if (o_pending >= 0) {
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);  // every warp's stmatrix
-      if (tid == kOvThread) store_staged_o(j - 1);
+      if (tid == 0) store_staged_o(j - 1);
     }
-    if (tid == kOvThread) bulk_wait<0>();
+    if (tid == 0) bulk_wait<0>();
   }
   GDNKIT_FUSED_STAMP(tid == 0, 4);
 #ifdef GDNKIT_FUSED_TIMELINE

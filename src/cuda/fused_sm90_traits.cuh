@@ -64,15 +64,6 @@
 #define GDNKIT_FUSED_KS_EARLY 1
 #endif
 
-// GDNKIT_FUSED_OV_WG1: in the 128-column kernels the staged O's store (after FULL) and V's copy
-// are issued by state thread 128 (warpgroup 1's first) instead of state thread 0: thread 0's wait
-// for the O store's reads (before V's copy) held back all of warpgroup 0. 1: V's copy just before
-// the P barrier, where warpgroup 1 otherwise waits for warpgroup 0; 2: at the end of the step.
-// 0 (default): thread 0, V's copy while K S and Q S are in flight.
-#ifndef GDNKIT_FUSED_OV_WG1
-#define GDNKIT_FUSED_OV_WG1 0
-#endif
-
 namespace gdnkit::cuda {
 
 // GDNKIT_FUSED_BLOCK_SOLVE64: which 64-column kernels solve Vn by block substitution, as the
@@ -122,11 +113,6 @@ struct FusedSm90 {
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait), with =2 also where one state warpgroup forms P (fused_p's wait retires them).
   static constexpr bool kKsEarly = (kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0) || (GDNKIT_FUSED_KS_EARLY == 2 && DVB_ == 64);
-  // The O store and V's copy by state thread 128 (GDNKIT_FUSED_OV_WG1).
-  static constexpr bool kOvWg1 = DVB_ == 128 && GDNKIT_FUSED_OV_WG1 != 0;
-  static constexpr bool kVAtEnd = kOvWg1 && (GDNKIT_FUSED_OV_WG1 == 2 || GDNKIT_FUSED_OV_WG1 == 4);
-  // 3, 4: as 1, 2, and a full chunk's V waited for just before the walk reads it, not after FULL.
-  static constexpr bool kVWaitLate = kOvWg1 && GDNKIT_FUSED_OV_WG1 >= 3;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
