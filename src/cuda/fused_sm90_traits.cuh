@@ -55,11 +55,11 @@
 #endif
 // GDNKIT_FUSED_KS_EARLY (kKsEarly below): a full chunk's K S and Q S are issued once its K and Q have
 // landed, before the wait for the record (FULL), so that the state's wait for FULL and the products
-// overlap. 1 (default): in the unsplit 64-column kernels (kAuxP); 2: also in the 64-column walk-list
-// kernels, whose state warpgroup forms P (its products then retire K S and Q S too); 0: after FULL.
-// The 128-column kernels have no registers for it (with it ptxas spills and serialises their wgmma).
-// Tail chunks keep the old order: the aux zeroes their K rows past the end before FULL. Against 0 on
-// an H100 (docs/perf-notes.md, "K S and Q S before FULL"): the pairs 7.7-9.4% faster.
+// overlap. 1 (default): in the unsplit 64-column kernels (kAuxP); 0: after FULL. Tail chunks keep the
+// old order: the aux zeroes their K rows past the end before FULL. Against 0 on an H100
+// (docs/perf-notes.md, "K S and Q S before FULL"): the pairs 7.7-9.4% faster, on an H200 9.1%. Not in
+// the 64-column walk-list kernels (their state forms P: level on an H200, removed) nor in the
+// 128-column ones (ptxas spills and serialises their wgmma, even with K S alone before FULL).
 #ifndef GDNKIT_FUSED_KS_EARLY
 #define GDNKIT_FUSED_KS_EARLY 1
 #endif
@@ -111,8 +111,8 @@ struct FusedSm90 {
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
-  // the walk's K S wait), with =2 also where one state warpgroup forms P (fused_p's wait retires them).
-  static constexpr bool kKsEarly = (kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0) || (GDNKIT_FUSED_KS_EARLY == 2 && DVB_ == 64);
+  // the walk's K S wait).
+  static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
