@@ -76,14 +76,27 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
     named_sync(F::kBarProd + j % 2, 128 + 32);
 #if GDNKIT_PROBE_COPIES
     if (lane == 0) {
-      if (chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
+      if (!F::kProdSplit && chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
       if (c[0].nrows() == kChunk) {  // O staged in chunk j's V stage (fused_state's o_stage)
         tma_store_3d(&fp.o, F::v(smem, j % 2), static_cast<int>(blockIdx.x) * F::DVB, c[0].c0, blockIdx.y);
         bulk_commit();
       }
-      if (chunks.valid(c[2])) {
+      if (!F::kProdSplit && chunks.valid(c[2])) {
         bulk_wait_read<0>();
         copy.v(c[2].c0, j % 2);
+      }
+    }
+    if constexpr (F::kProdSplit) {
+      if (chunks.valid(c[1])) {  // step j + 1 exists: its K S retired (its kBarProd2 arrival)
+        __syncwarp();
+        named_sync(F::kBarProd2 + j % 2, 128 + 32);
+        if (lane == 0) {
+          if (chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
+          if (chunks.valid(c[2])) {
+            bulk_wait_read<0>();
+            copy.v(c[2].c0, j % 2);
+          }
+        }
       }
     }
 #endif

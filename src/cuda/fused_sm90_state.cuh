@@ -43,6 +43,15 @@ __device__ __forceinline__ int walk_opaque(int x) {
   return x;
 }
 
+// An aside with a second part run once K S has retired (FusedSm90::kProdSplit; WgmmaWalk::kq_vn).
+template <class Aside, class AfterKsFn>
+struct AfterKs {
+  const Aside& aside;
+  const AfterKsFn& ks;
+  __device__ __forceinline__ void operator()() const { aside(); }
+  __device__ __forceinline__ void after_ks() const { ks(); }
+};
+
 // The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
 // sequence, or in the walk-list variant an entry of p.walks), empty ones included (their final
 // state is the start one).
@@ -277,7 +286,14 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
         }
       };
-      if constexpr (!F::kPBarrierLate) {
+      if constexpr (F::kProdSplit) {
+        // Step j's K S retired: the producer may copy chunk j + 2's K and Q and chunk j + 1's V.
+        const auto ks_done = [&] {
+          if (j >= 1) named_arrive(F::kBarProd2 + (j - 1) % 2, 128 + 32);
+        };
+        AfterKs<decltype(walk_aside), decltype(ks_done)> a{walk_aside, ks_done};
+        walk(a);
+      } else if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};

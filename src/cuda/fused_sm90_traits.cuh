@@ -63,6 +63,14 @@
 #ifndef GDNKIT_FUSED_KS_EARLY
 #define GDNKIT_FUSED_KS_EARLY 1
 #endif
+// GDNKIT_FUSED_PROD_SPLIT: 1: the producer stores step j's O at once but copies chunk j + 3's K and
+// Q and chunk j + 2's V only once the state has retired step j + 1's K S (kBarProd2), so that those
+// copies do not land while the state issues K S and Q S (the unsplit 64-column kernels, whose aux
+// has slack for K's later landing). 0 (default): all at once after step j. Built, not yet timed
+// (docs/perf-notes.md, "Built, not timed: the producer's copies after the next step's K S").
+#ifndef GDNKIT_FUSED_PROD_SPLIT
+#define GDNKIT_FUSED_PROD_SPLIT 0
+#endif
 
 namespace gdnkit::cuda {
 
@@ -147,7 +155,10 @@ struct FusedSm90 {
   static constexpr int kBarDiag = kBarP + 1;
   // kBarProd + j % 2: the state warpgroup is done with step j (kProducer; fused_producer).
   static constexpr int kBarProd = kBarDiag + 2;
-  static_assert(kBarProd + 1 < 16, "hardware named barriers");
+  // kBarProd2 + j % 2: the state has retired step j + 1's K S (GDNKIT_FUSED_PROD_SPLIT).
+  static constexpr bool kProdSplit = kProducer && GDNKIT_FUSED_PROD_SPLIT != 0;
+  static constexpr int kBarProd2 = kBarProd + 2;
+  static_assert(kBarProd2 + 1 < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile

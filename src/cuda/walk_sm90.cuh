@@ -314,6 +314,7 @@ struct WgmmaWalk {
         gmma_wait<1>();  // K S; Q S (and the St fragments it reads) stay in flight through Xt
         GDNKIT_STEP_MARK(5);
         gmma_fence(kf);
+        if constexpr (requires { aside.after_ks(); }) aside.after_ks();  // (the fused kernel's producer)
       } else {
         gmma_wait<0>();
         GDNKIT_STEP_MARK(5);
