@@ -288,6 +288,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       if constexpr (F::kProdSplit) {
         // Step j's K S retired: the producer may copy chunk j + 2's K and Q and chunk j + 1's V.
+        // (Only kq_vn's Q-S-late path calls after_ks: without it the producer would wait forever.)
+        static_assert(W::kQsLate, "GDNKIT_FUSED_PROD_SPLIT needs Q S late (GDNKIT_WALK_QS_LATE)");
         const auto ks_done = [&] {
           if (j >= 1) named_arrive(F::kBarProd2 + (j - 1) % 2, 128 + 32);
         };
