@@ -43,13 +43,13 @@ __device__ __forceinline__ int walk_opaque(int x) {
   return x;
 }
 
-// An aside with a second part run once K S has retired (FusedSm90::kProdSplit; WgmmaWalk::kq_vn).
-template <class Aside, class AfterKsFn>
-struct AfterKs {
+// An aside with a second part run once Q S has retired (FusedSm90::kQEarly; WgmmaWalk::kq_vn).
+template <class Aside, class AfterQsFn>
+struct AfterQs {
   const Aside& aside;
-  const AfterKsFn& ks;
+  const AfterQsFn& qs;
   __device__ __forceinline__ void operator()() const { aside(); }
-  __device__ __forceinline__ void after_ks() const { ks(); }
+  __device__ __forceinline__ void after_qs() const { qs(); }
 };
 
 // The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
@@ -286,14 +286,18 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
         }
       };
-      if constexpr (F::kProdSplit) {
-        // Step j's K S retired: the producer may copy chunk j + 2's K and Q and chunk j + 1's V.
-        // (Only kq_vn's Q-S-late path calls after_ks: without it the producer would wait forever.)
-        static_assert(W::kQsLate, "GDNKIT_FUSED_PROD_SPLIT needs Q S late (GDNKIT_WALK_QS_LATE)");
-        const auto ks_done = [&] {
-          if (j >= 1) named_arrive(F::kBarProd2 + (j - 1) % 2, 128 + 32);
-        };
-        AfterKs<decltype(walk_aside), decltype(ks_done)> a{walk_aside, ks_done};
+      if constexpr (F::kStateWaitLate) {
+        // Step j - 1's state product retired: the producer may copy chunk j + 2's K and Q into the
+        // K stage it read.
+        W::state_wait(st);
+        if (j >= 1) named_arrive(F::kBarQ + (j - 1) % 2, 128 + 32);
+      }
+      if constexpr (F::kQEarly) {
+        // Step j's Q S retired: the producer may copy chunk j + 3's Q into its stage. (Only kq_vn's
+        // Q-S-late path calls after_qs, once per step: without it the producer would wait forever.)
+        static_assert(W::kQsLate, "GDNKIT_FUSED_Q_EARLY needs Q S late (GDNKIT_WALK_QS_LATE)");
+        const auto qs_done = [&] { named_arrive(F::kBarQ + j % 2, 128 + 32); };
+        AfterQs<decltype(walk_aside), decltype(qs_done)> a{walk_aside, qs_done};
         walk(a);
       } else if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
@@ -325,6 +329,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       probe.print("state: full-wait walk");
       zero_state = false;
     }
+    if constexpr (F::kStateWaitLate) W::state_wait(st);  // the last step's state product
     if constexpr (F::kWalks) {
       const WalkSpan w = walk_entry(order, i);
       const LaneCol c = lane_col();

@@ -63,13 +63,21 @@
 #ifndef GDNKIT_FUSED_KS_EARLY
 #define GDNKIT_FUSED_KS_EARLY 1
 #endif
-// GDNKIT_FUSED_PROD_SPLIT: 1: the producer stores step j's O at once but copies chunk j + 3's K and
-// Q and chunk j + 2's V only once the state has retired step j + 1's K S (kBarProd2), so that those
-// copies do not land while the state issues K S and Q S (the unsplit 64-column kernels, whose aux
-// has slack for K's later landing). 0 (default): all at once after step j. Built, not yet timed
-// (docs/perf-notes.md, "Built, not timed: the producer's copies after the next step's K S").
-#ifndef GDNKIT_FUSED_PROD_SPLIT
-#define GDNKIT_FUSED_PROD_SPLIT 0
+// GDNKIT_FUSED_Q_EARLY: 1: in the unsplit 64-column kernels the producer copies chunk j + 3's Q
+// into chunk j's stage as soon as step j's Q S has retired (kBarQ), and its K at the end of step j
+// as before (the state's product of that step reads K), so that the step's end issues 16 KB of K
+// and Q instead of 32. 0 (default): both at the end of step j. Not yet timed.
+#ifndef GDNKIT_FUSED_Q_EARLY
+#define GDNKIT_FUSED_Q_EARLY 0
+#endif
+// GDNKIT_FUSED_ST_WAIT_LATE: 1: in the unsplit 64-column kernels a full chunk's state product
+// (Vd K) is left in flight at the end of its step and retired just before the next step's walk,
+// so that the step's end (its barriers, the chunk cursor, the K and Q wait) overlaps it; the
+// producer copies chunk j + 3's K and Q into chunk j's stage, which that product reads, only then
+// (kBarQ). 0 (default): retired before the step ends. Not yet timed in this form (see
+// docs/perf-notes.md for the form that released the copies only after the next K S).
+#ifndef GDNKIT_FUSED_ST_WAIT_LATE
+#define GDNKIT_FUSED_ST_WAIT_LATE 0
 #endif
 
 namespace gdnkit::cuda {
@@ -122,6 +130,8 @@ struct FusedSm90 {
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
+    // A full chunk's state product retired by fused_state (GDNKIT_FUSED_ST_WAIT_LATE).
+    static constexpr bool kStateWaitLate = kProducer && GDNKIT_FUSED_ST_WAIT_LATE != 0;
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };
@@ -155,10 +165,13 @@ struct FusedSm90 {
   static constexpr int kBarDiag = kBarP + 1;
   // kBarProd + j % 2: the state warpgroup is done with step j (kProducer; fused_producer).
   static constexpr int kBarProd = kBarDiag + 2;
-  // kBarProd2 + j % 2: the state has retired step j + 1's K S (GDNKIT_FUSED_PROD_SPLIT).
-  static constexpr bool kProdSplit = kProducer && GDNKIT_FUSED_PROD_SPLIT != 0;
-  static constexpr int kBarProd2 = kBarProd + 2;
-  static_assert(kBarProd2 + 1 < 16, "hardware named barriers");
+  // kBarQ + j % 2: the state has retired step j's Q S (GDNKIT_FUSED_Q_EARLY), or step j's state
+  // product at step j + 1's top (GDNKIT_FUSED_ST_WAIT_LATE).
+  static constexpr bool kQEarly = kProducer && GDNKIT_FUSED_Q_EARLY != 0;
+  static constexpr bool kStateWaitLate = Walk::kStateWaitLate;
+  static_assert(!(kQEarly && kStateWaitLate), "GDNKIT_FUSED_Q_EARLY and GDNKIT_FUSED_ST_WAIT_LATE share kBarQ");
+  static constexpr int kBarQ = kBarProd + 2;
+  static_assert(kBarQ + 1 < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile

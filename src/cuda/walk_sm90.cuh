@@ -314,7 +314,6 @@ struct WgmmaWalk {
         gmma_wait<1>();  // K S; Q S (and the St fragments it reads) stay in flight through Xt
         GDNKIT_STEP_MARK(5);
         gmma_fence(kf);
-        if constexpr (requires { aside.after_ks(); }) aside.after_ks();  // (the fused kernel's producer)
       } else {
         gmma_wait<0>();
         GDNKIT_STEP_MARK(5);
@@ -333,6 +332,7 @@ struct WgmmaWalk {
         if constexpr (kQsLate) {  // Q S retired with the first products
           gmma_fence(qf);
           fence_all(sa);
+          if constexpr (requires { aside.after_qs(); }) aside.after_qs();  // (the fused kernel's producer)
         }
       });
       GDNKIT_STEP_MARK(8);
@@ -356,10 +356,12 @@ struct WgmmaWalk {
 
   // P Vn into O, then Vd K into S', in two commit groups: the O store runs while the state
   // product is in flight.
-  template <int NB, class StoreO, class Decay>
+  // kLeaveState: the state product stays in flight on return (its group the only one open); the
+  // caller retires it (state_wait) before it next touches St.
+  template <int NB, class StoreO, class Decay, bool kLeaveState = false>
   __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
                                    std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
-                                   const WalkStage<T>& S, const WalkLane&) {
+                                   const WalkStage<T>& S, const WalkLane&, std::bool_constant<kLeaveState> = {}) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
     const std::uint64_t dp = gmma_desc(S.p, 16, 1024), ds = gmma_desc(S.kq, kChunk * 128, 1024);
@@ -386,10 +388,18 @@ struct WgmmaWalk {
     fence_all(na);
     store_o();
     GDNKIT_STEP_MARK(14);
+    if constexpr (!kLeaveState) {
+      gmma_wait<0>();
+      GDNKIT_STEP_MARK(15);
+      gmma_fence(sf);
+      fence_all(da);
+    }
+  }
+  // Retires a state product left in flight by out_state (kLeaveState). (ptxas keeps its A
+  // fragments' registers until this wait: the pairs' SASS has it past the loop's back edge.)
+  __device__ static void state_wait(float (&st)[DK / 8][4]) {
     gmma_wait<0>();
-    GDNKIT_STEP_MARK(15);
-    gmma_fence(sf);
-    fence_all(da);
+    gmma_fence(flat<4 * (DK / 8)>(st));
   }
 };
 
