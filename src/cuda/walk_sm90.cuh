@@ -395,8 +395,9 @@ struct WgmmaWalk {
       fence_all(da);
     }
   }
-  // Retires a state product left in flight by out_state (kLeaveState). (ptxas keeps its A
-  // fragments' registers until this wait: the pairs' SASS has it past the loop's back edge.)
+  // Retires a state product left in flight by out_state (kLeaveState). (In the pairs' SASS this
+  // wait lies past the loop's back edge, after the next chunk's K and Q wait; ptxas inserts none
+  // of its own after the O stores.)
   __device__ static void state_wait(float (&st)[DK / 8][4]) {
     gmma_wait<0>();
     gmma_fence(flat<4 * (DK / 8)>(st));
