@@ -103,7 +103,16 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       }
 #endif
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 24);
-      if (pair.own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
+      if (F::kPeerStores && pair.own(j)) {  // the same copy by every aux thread (GDNKIT_FUSED_PEER_STORES)
+        named_sync(F::kBarAux, 128);  // the record's stores, before other threads read them
+        if (j >= 3) mbar_wait(F::rec_free_bar(smem, j % R), ((j - 3) / 6) & 1);
+        const unsigned peer = cluster_rank() ^ 1u;
+        const std::uint32_t dst = peer_smem(F::rec(smem, j % R), peer);
+        const std::uint32_t bar = peer_smem(F::rec_full_bar(smem, j % R), peer);
+        const unsigned char* const src = F::rec(smem, j % R);
+        for (int i = tid; i < static_cast<int>(F::rec_copy_bytes / 16); i += 128)
+          st_async_16(dst + 16 * i, *reinterpret_cast<const uint4*>(src + 16 * i), bar);
+      } else if (pair.own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
         if (tid == 0) {

@@ -27,19 +27,6 @@ struct FusedCopier {
       tma_load_3d(d + F::Walk::k_bytes + b * (kChunk * 128), &fp.q, bar, 64 * b, c0, h / fp.p.q_group);
     }
   }
-  // The same copy in two calls (F::kQEarly): q arms the stage's barrier for K and Q, k must follow.
-  __device__ void q(int c0, int s) const {
-    unsigned char* const d = F::kq(smem, s) + F::Walk::k_bytes;
-    std::uint64_t* const bar = F::kq_bar(smem, s);
-    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::kq_bytes));
-    for (int b = 0; b < F::DK / 64; ++b)
-      tma_load_3d(d + b * (kChunk * 128), &fp.q, bar, 64 * b, c0, blockIdx.y / fp.p.q_group);
-  }
-  __device__ void k(int c0, int s) const {
-    unsigned char* const d = F::kq(smem, s);
-    for (int b = 0; b < F::DK / 64; ++b)
-      tma_load_3d(d + b * (kChunk * 128), &fp.k, F::kq_bar(smem, s), 64 * b, c0, blockIdx.y / fp.p.k_group);
-  }
   __device__ void v(int c0, int s) const {
     unsigned char* const d = reinterpret_cast<unsigned char*>(F::v(smem, s));
     std::uint64_t* const bar = F::v_bar(smem, s);
@@ -85,21 +72,11 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
   }
 #endif
   for (int j = 0;; ++j) {
-    if constexpr (F::kQEarly) {  // step j's Q S retired: chunk j + 3's Q into chunk j's stage
-      __syncwarp();
-      named_sync(F::kBarQ + j % 2, 128 + 32);
-#if GDNKIT_PROBE_COPIES
-      if (lane == 0 && chunks.valid(c[3])) copy.q(c[3].c0, j % 3);
-#endif
-    }
     __syncwarp();  // lane 0's copies above: the warp meets the barrier converged (bar.sync is aligned)
     named_sync(F::kBarProd + j % 2, 128 + 32);
 #if GDNKIT_PROBE_COPIES
     if (lane == 0) {
-      if (!F::kStateWaitLate && chunks.valid(c[3])) {
-        if constexpr (F::kQEarly) copy.k(c[3].c0, j % 3);
-        else copy.kq(c[3].c0, j % 3);
-      }
+      if (chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
       if (c[0].nrows() == kChunk) {  // O staged in chunk j's V stage (fused_state's o_stage)
         tma_store_3d(&fp.o, F::v(smem, j % 2), static_cast<int>(blockIdx.x) * F::DVB, c[0].c0, blockIdx.y);
         bulk_commit();
@@ -110,17 +87,6 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
       }
     }
 #endif
-    if constexpr (F::kStateWaitLate) {
-      // Step j's state product, which reads chunk j's K stage, retired at step j + 1's top: chunk
-      // j + 3's K and Q go there.
-      if (chunks.valid(c[1])) {
-        __syncwarp();
-        named_sync(F::kBarQ + j % 2, 128 + 32);
-#if GDNKIT_PROBE_COPIES
-        if (lane == 0 && chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
-#endif
-      }
-    }
     if (!chunks.valid(c[1])) break;
     c[0] = c[1], c[1] = c[2], c[2] = c[3];
     if (chunks.valid(c[3])) c[3] = chunks.next(c[3]);

@@ -43,15 +43,6 @@ __device__ __forceinline__ int walk_opaque(int x) {
   return x;
 }
 
-// An aside with a second part run once Q S has retired (FusedSm90::kQEarly; WgmmaWalk::kq_vn).
-template <class Aside, class AfterQsFn>
-struct AfterQs {
-  const Aside& aside;
-  const AfterQsFn& qs;
-  __device__ __forceinline__ void operator()() const { aside(); }
-  __device__ __forceinline__ void after_qs() const { qs(); }
-};
-
 // The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
 // sequence, or in the walk-list variant an entry of p.walks), empty ones included (their final
 // state is the start one).
@@ -203,7 +194,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         named_sync(F::kBarFull + s, F::kThreads);
         GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
         GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
-        if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
+        if (from_peer) {
+          mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
+          if constexpr (F::kPeerStores) gmma_smem_fence();  // its generic-proxy stores, before wgmma reads them
+        }
 #if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
         mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
@@ -286,20 +280,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
         }
       };
-      if constexpr (F::kStateWaitLate) {
-        // Step j - 1's state product retired: the producer may copy chunk j + 2's K and Q into the
-        // K stage it read.
-        W::state_wait(st);
-        if (j >= 1) named_arrive(F::kBarQ + (j - 1) % 2, 128 + 32);
-      }
-      if constexpr (F::kQEarly) {
-        // Step j's Q S retired: the producer may copy chunk j + 3's Q into its stage. (Only kq_vn's
-        // Q-S-late path calls after_qs, once per step: without it the producer would wait forever.)
-        static_assert(W::kQsLate, "GDNKIT_FUSED_Q_EARLY needs Q S late (GDNKIT_WALK_QS_LATE)");
-        const auto qs_done = [&] { named_arrive(F::kBarQ + j % 2, 128 + 32); };
-        AfterQs<decltype(walk_aside), decltype(qs_done)> a{walk_aside, qs_done};
-        walk(a);
-      } else if constexpr (!F::kPBarrierLate) {
+      if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};
@@ -329,7 +310,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       probe.print("state: full-wait walk");
       zero_state = false;
     }
-    if constexpr (F::kStateWaitLate) W::state_wait(st);  // the last step's state product
     if constexpr (F::kWalks) {
       const WalkSpan w = walk_entry(order, i);
       const LaneCol c = lane_col();

@@ -63,21 +63,12 @@
 #ifndef GDNKIT_FUSED_KS_EARLY
 #define GDNKIT_FUSED_KS_EARLY 1
 #endif
-// GDNKIT_FUSED_Q_EARLY: 1: in the unsplit 64-column kernels the producer copies chunk j + 3's Q
-// into chunk j's stage as soon as step j's Q S has retired (kBarQ), and its K at the end of step j
-// as before (the state's product of that step reads K), so that the step's end issues 16 KB of K
-// and Q instead of 32. 0 (default): both at the end of step j. Not yet timed.
-#ifndef GDNKIT_FUSED_Q_EARLY
-#define GDNKIT_FUSED_Q_EARLY 0
-#endif
-// GDNKIT_FUSED_ST_WAIT_LATE: 1: in the unsplit 64-column kernels a full chunk's state product
-// (Vd K) is left in flight at the end of its step and retired just before the next step's walk,
-// so that the step's end (its barriers, the chunk cursor, the K and Q wait) overlaps it; the
-// producer copies chunk j + 3's K and Q into chunk j's stage, which that product reads, only then
-// (kBarQ). 0 (default): retired before the step ends. Not yet timed in this form (see
-// docs/perf-notes.md for the form that released the copies only after the next K S).
-#ifndef GDNKIT_FUSED_ST_WAIT_LATE
-#define GDNKIT_FUSED_ST_WAIT_LATE 0
+// GDNKIT_FUSED_PEER_STORES: 1: a pair's record goes into the peer's stage by the aux's 128 threads
+// (st.async, 16 bytes each, completing the peer's barrier) instead of one bulk copy by the TMA unit,
+// which the K, Q and V copies and the O stores also queue on. 0 (default): the bulk copy. Not yet
+// timed.
+#ifndef GDNKIT_FUSED_PEER_STORES
+#define GDNKIT_FUSED_PEER_STORES 0
 #endif
 
 namespace gdnkit::cuda {
@@ -130,8 +121,6 @@ struct FusedSm90 {
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
   struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
-    // A full chunk's state product retired by fused_state (GDNKIT_FUSED_ST_WAIT_LATE).
-    static constexpr bool kStateWaitLate = kProducer && GDNKIT_FUSED_ST_WAIT_LATE != 0;
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };
@@ -165,13 +154,7 @@ struct FusedSm90 {
   static constexpr int kBarDiag = kBarP + 1;
   // kBarProd + j % 2: the state warpgroup is done with step j (kProducer; fused_producer).
   static constexpr int kBarProd = kBarDiag + 2;
-  // kBarQ + j % 2: the state has retired step j's Q S (GDNKIT_FUSED_Q_EARLY), or step j's state
-  // product at step j + 1's top (GDNKIT_FUSED_ST_WAIT_LATE).
-  static constexpr bool kQEarly = kProducer && GDNKIT_FUSED_Q_EARLY != 0;
-  static constexpr bool kStateWaitLate = Walk::kStateWaitLate;
-  static_assert(!(kQEarly && kStateWaitLate), "GDNKIT_FUSED_Q_EARLY and GDNKIT_FUSED_ST_WAIT_LATE share kBarQ");
-  static constexpr int kBarQ = kBarProd + 2;
-  static_assert(kBarQ + 1 < 16, "hardware named barriers");
+  static_assert(kBarProd + 1 < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
@@ -203,6 +186,7 @@ struct FusedSm90 {
   // What a pair shares: Mt hi and lo; with kAuxP also P, gam and dec (the whole record: the aux then
   // skips the peer's chunks).
   static constexpr std::uint32_t rec_copy_bytes = kAuxP ? rec_gam + 2 * kChunk * 4 : 2 * m_bytes;
+  static constexpr bool kPeerStores = GDNKIT_FUSED_PEER_STORES != 0;  // (the copy by the aux's threads)
   static_assert(rec_copy_bytes % 16 == 0 && rec_copy_bytes <= rec_bytes, "one bulk copy of the record stage");
   static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
                     rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,

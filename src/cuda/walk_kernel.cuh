@@ -440,12 +440,6 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   };
   GDNKIT_STEP_MARK(10);
   if constexpr (requires { aside.before_out(); }) aside.before_out();  // the fused kernel's FusedLateP
-  if constexpr (requires { W::kStateWaitLate; }) {
-    if constexpr (W::kStateWaitLate && NB == 4) {  // the fused pairs: retired by the caller (W::state_wait)
-      W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l, std::true_type{});
-      return;
-    }
-  }
   W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
 }
 

@@ -332,7 +332,6 @@ struct WgmmaWalk {
         if constexpr (kQsLate) {  // Q S retired with the first products
           gmma_fence(qf);
           fence_all(sa);
-          if constexpr (requires { aside.after_qs(); }) aside.after_qs();  // (the fused kernel's producer)
         }
       });
       GDNKIT_STEP_MARK(8);
@@ -356,12 +355,10 @@ struct WgmmaWalk {
 
   // P Vn into O, then Vd K into S', in two commit groups: the O store runs while the state
   // product is in flight.
-  // kLeaveState: the state product stays in flight on return (its group the only one open); the
-  // caller retires it (state_wait) before it next touches St.
-  template <int NB, class StoreO, class Decay, bool kLeaveState = false>
+  template <int NB, class StoreO, class Decay>
   __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
                                    std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
-                                   const WalkStage<T>& S, const WalkLane&, std::bool_constant<kLeaveState> = {}) {
+                                   const WalkStage<T>& S, const WalkLane&) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
     const std::uint64_t dp = gmma_desc(S.p, 16, 1024), ds = gmma_desc(S.kq, kChunk * 128, 1024);
@@ -388,20 +385,12 @@ struct WgmmaWalk {
     fence_all(na);
     store_o();
     GDNKIT_STEP_MARK(14);
-    if constexpr (!kLeaveState) {
-      gmma_wait<0>();
-      GDNKIT_STEP_MARK(15);
-      gmma_fence(sf);
-      fence_all(da);
-    }
-  }
-  // Retires a state product left in flight by out_state (kLeaveState). (In the pairs' SASS this
-  // wait lies past the loop's back edge, after the next chunk's K and Q wait; ptxas inserts none
-  // of its own after the O stores.)
-  __device__ static void state_wait(float (&st)[DK / 8][4]) {
     gmma_wait<0>();
-    gmma_fence(flat<4 * (DK / 8)>(st));
+    GDNKIT_STEP_MARK(15);
+    gmma_fence(sf);
+    fence_all(da);
   }
+
 };
 
 }  // namespace gdnkit::cuda

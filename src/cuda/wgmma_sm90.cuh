@@ -250,6 +250,16 @@ __device__ __forceinline__ void bulk_copy_to_peer(std::uint32_t dst, const void*
                "r"(smem_addr(src)), "r"(bytes), "r"(bar)
                : "memory");
 }
+// 16 bytes into another CTA's shared memory at dst (a shared::cluster address, 16-byte aligned) by
+// an ordinary thread, completing 16 transaction bytes of that CTA's mbarrier bar: the copy of
+// bulk_copy_to_peer without the TMA unit. A generic-proxy write: the reader fences to the async
+// proxy (gmma_smem_fence) after its wait before wgmma reads the bytes.
+__device__ __forceinline__ void st_async_16(std::uint32_t dst, uint4 v, std::uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+                   dst),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+               : "memory");
+}
 
 // Host: the TMA descriptor of a [heads][tokens][cols] 16-bit tensor (strides in elements; any
 // stride of a dimension with one entry is ignored), boxes of 64 x 64 x 1, 128-byte swizzle, zeros

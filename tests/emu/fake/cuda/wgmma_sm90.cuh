@@ -419,6 +419,7 @@ inline void cluster_sync() {
 constexpr std::uint32_t kClusterAddress = 0x80000000u;
 inline std::atomic<bool> g_peer_copies_land_at_issue{false};    // bulk_copy_to_peer below
 inline std::atomic<long> g_peer_copies{0}, g_peer_arrivals{0};  // counts, for the tests
+inline std::atomic<long> g_peer_store_bytes{0};                 // st_async_16's, for the tests
 inline std::uint32_t peer_smem(const void* p, unsigned rank) {
   if (rank >= g_cta->size) {
     std::fprintf(stderr, "peer_smem of rank %u in a cluster of %u\n", rank, g_cta->size);
@@ -461,6 +462,25 @@ inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t 
   std::lock_guard<std::mutex> lock(g_tma_mutex);
   if (g_peer_copies_land_at_issue) {
     std::memcpy(d, c.bytes.data(), bytes);
+    c.landed = true;
+  }
+  mbar_record(b, std::move(c));
+}
+// As bulk_copy_to_peer, 16 bytes from a thread's registers.
+inline void st_async_16(std::uint32_t dst, uint4 v, std::uint32_t bar) {
+  unsigned char* d = cluster_ptr(dst, "st_async_16");
+  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, "st_async_16"));
+  if (reinterpret_cast<std::uintptr_t>(d) % 16) {
+    std::fprintf(stderr, "st_async_16 not 16-byte aligned\n");
+    std::abort();
+  }
+  mbar_check(b, "completed by a peer's store");
+  TmaCopy c{d, std::vector<unsigned char>(16)};
+  std::memcpy(c.bytes.data(), &v, 16);
+  g_peer_store_bytes += 16;
+  std::lock_guard<std::mutex> lock(g_tma_mutex);
+  if (g_peer_copies_land_at_issue) {
+    std::memcpy(d, c.bytes.data(), 16);
     c.landed = true;
   }
   mbar_record(b, std::move(c));
