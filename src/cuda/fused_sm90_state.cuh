@@ -194,9 +194,13 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         named_sync(F::kBarFull + s, F::kThreads);
         GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
         GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
-        if (from_peer) {
-          mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
-          if constexpr (F::kPeerStores) gmma_smem_fence();  // its generic-proxy stores, before wgmma reads them
+        if (from_peer) {  // the peer's copy (fused_paired)
+          if constexpr (F::kPeerStores) {  // by its threads' stores (generic proxy), before wgmma reads them
+            mbar_wait_cluster(F::rec_full_bar(smem, s), (j / 6) & 1);
+            gmma_smem_fence();
+          } else {
+            mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);
+          }
         }
 #if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
         mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)

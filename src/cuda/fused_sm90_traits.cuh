@@ -65,8 +65,9 @@
 #endif
 // GDNKIT_FUSED_PEER_STORES: 1: a pair's record goes into the peer's stage by the aux's 128 threads
 // (st.async, 16 bytes each, completing the peer's barrier) instead of one bulk copy by the TMA unit,
-// which the K, Q and V copies and the O stores also queue on. 0 (default): the bulk copy. Not yet
-// timed.
+// which the K, Q and V copies and the O stores also queue on; the peer's walk waits with acquire at
+// cluster scope and fences to the async proxy. 0 (default): the bulk copy. Not yet timed
+// (docs/perf-notes.md, "The late state wait, Q early and K and Q into L2 ahead timed").
 #ifndef GDNKIT_FUSED_PEER_STORES
 #define GDNKIT_FUSED_PEER_STORES 0
 #endif

@@ -162,6 +162,19 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, int parity) {
       "r"(parity)
       : "memory");
 }
+// mbar_wait with acquire at cluster scope: for bytes written by another CTA's threads (st_async_16),
+// whose completion releases at cluster scope.
+__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
 // Fetches a TMA descriptor into the descriptor cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");

@@ -352,6 +352,7 @@ inline void mbar_wait(std::uint64_t* bar, int parity) {
     }
   }
 }
+inline void mbar_wait_cluster(std::uint64_t* bar, int parity) { mbar_wait(bar, parity); }
 inline bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t cols, std::int64_t tokens,
                             int heads, std::int64_t token_stride, std::int64_t head_stride) {
   const std::uint64_t rows = tokens > 1 ? std::uint64_t(tokens) : 1;
