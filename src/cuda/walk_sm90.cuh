@@ -390,7 +390,6 @@ struct WgmmaWalk {
     gmma_fence(sf);
     fence_all(da);
   }
-
 };
 
 }  // namespace gdnkit::cuda
