@@ -110,8 +110,18 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         const std::uint32_t dst = peer_smem(F::rec(smem, j % R), peer);
         const std::uint32_t bar = peer_smem(F::rec_full_bar(smem, j % R), peer);
         const unsigned char* const src = F::rec(smem, j % R);
-        for (int i = tid; i < static_cast<int>(F::rec_copy_bytes / 16); i += 128)
-          st_async_16(dst + 16 * i, *reinterpret_cast<const uint4*>(src + 16 * i), bar);
+        // kBatch loads before their stores: each store's asm orders memory, so a load after a
+        // store waits for it. (The 128-column kernels' aux, at 120 registers, spills with 4.)
+        constexpr int kPieces = static_cast<int>(F::rec_copy_bytes / 16), kBatch = F::kAuxP ? 4 : 1;
+        for (int i0 = tid; i0 < kPieces; i0 += kBatch * 128) {
+          uint4 piece[kBatch];
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k)
+            if (i0 + 128 * k < kPieces) piece[k] = *reinterpret_cast<const uint4*>(src + 16 * (i0 + 128 * k));
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k)
+            if (i0 + 128 * k < kPieces) st_async_16(dst + 16 * (i0 + 128 * k), piece[k], bar);
+        }
       } else if (pair.own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
