@@ -449,17 +449,16 @@ inline void mbar_arrive_cluster(std::uint32_t bar) {
 // so that a walk that reads its record before the wait reads stale bytes; or, with
 // g_peer_copies_land_at_issue, at once, so that a copy issued into a stage the peer still reads
 // (before its release) changes what the peer reads.
-inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
-  unsigned char* d = cluster_ptr(dst, "bulk_copy_to_peer");
-  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, "bulk_copy_to_peer"));
+inline void copy_to_peer(const char* what, std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  unsigned char* d = cluster_ptr(dst, what);
+  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, what));
   if (reinterpret_cast<std::uintptr_t>(d) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16) {
-    std::fprintf(stderr, "bulk copy not 16-byte aligned\n");
+    std::fprintf(stderr, "%s not 16-byte aligned\n", what);
     std::abort();
   }
   mbar_check(b, "completed by a peer's copy");
   TmaCopy c{d, std::vector<unsigned char>(bytes)};
   std::memcpy(c.bytes.data(), src, bytes);
-  ++g_peer_copies;
   std::lock_guard<std::mutex> lock(g_tma_mutex);
   if (g_peer_copies_land_at_issue) {
     std::memcpy(d, c.bytes.data(), bytes);
@@ -467,23 +466,15 @@ inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t 
   }
   mbar_record(b, std::move(c));
 }
-// As bulk_copy_to_peer, 16 bytes from a thread's registers.
+inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  ++g_peer_copies;
+  copy_to_peer("bulk_copy_to_peer", dst, src, bytes, bar);
+}
+// The same for 16 bytes from a thread's registers (st.async).
 inline void st_async_16(std::uint32_t dst, uint4 v, std::uint32_t bar) {
-  unsigned char* d = cluster_ptr(dst, "st_async_16");
-  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, "st_async_16"));
-  if (reinterpret_cast<std::uintptr_t>(d) % 16) {
-    std::fprintf(stderr, "st_async_16 not 16-byte aligned\n");
-    std::abort();
-  }
-  mbar_check(b, "completed by a peer's store");
-  TmaCopy c{d, std::vector<unsigned char>(16)};
-  std::memcpy(c.bytes.data(), &v, 16);
   g_peer_store_bytes += 16;
-  std::lock_guard<std::mutex> lock(g_tma_mutex);
-  if (g_peer_copies_land_at_issue) {
-    std::memcpy(d, c.bytes.data(), 16);
-    c.landed = true;
-  }
-  mbar_record(b, std::move(c));
+  alignas(16) unsigned char bytes[16];
+  std::memcpy(bytes, &v, 16);
+  copy_to_peer("st_async_16", dst, bytes, 16, bar);
 }
 }  // namespace gdnkit::cuda
