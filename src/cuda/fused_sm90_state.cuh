@@ -95,6 +95,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   constexpr bool kKqAtEnd = kStoreAtEnd;
   constexpr bool kKqFirst = !kKqAtEnd && (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && F::kWalks));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
+  // With kPAhead: the warpgroup's columns of this chunk's Q K^T, issued and retired in the previous
+  // step (p_ready), or not (the first chunk of a walk, a tail).
+  float p_acc[32 / F::kStateWarpgroups];
+  bool p_ready = false;
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
 #pragma unroll
     for (int b = 0; b < F::DVB / 64; ++b)
@@ -231,7 +235,18 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
             *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (ot / 128) * (C * 128) +
                                       swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
         }
-        if constexpr (!F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
+        if constexpr (F::kPAhead) {
+          if (p_ready) {
+            const int ot = opaque(tid), i0 = 16 * ((ot / 32) % 4) + (ot % 32) / 4;
+            const float gi[2] = {p_gates[i0], p_gates[i0 + 8]};
+            gmma_fence(p_acc);  // retired with the previous step's state product
+            fused_p_store<F>(p_acc, gi, F::p_tile(smem, s), p_gates, p.scale, ot / 128, i0, ot % 4);
+          } else {
+            fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
+          }
+        } else if constexpr (!F::kAuxP) {
+          fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
+        }
         // The zero V rows and P, before the walk reads them (and a later TMA copy rewrites V); where
         // kPBarrierLate, only a tail's V rows here and P just before P Vn (FusedLateP).
         if (!F::kPBarrierLate || nrows < C) {
@@ -286,6 +301,19 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
+      } else if constexpr (F::kPAhead) {
+        // The next chunk's Q K^T after this step's state product, where it is a full one of this walk.
+        const bool next_full = c0 + 2 * C <= eos;
+        FusedLatePAhead<F, decltype(walk_aside)> late{{walk_aside},
+                                                      p_acc,
+                                                      F::kq(smem, j % 3),
+                                                      F::kq(smem, (j + 1) % 3),
+                                                      F::kq_bar(smem, (j + 1) % 3),
+                                                      static_cast<std::uint32_t>(((j + 1) / 3) & 1),
+                                                      next_full,
+                                                      opaque(tid) / 128};
+        walk(late);
+        p_ready = next_full;
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};
         walk(late);

@@ -42,6 +42,13 @@
 #ifndef GDNKIT_FUSED_P_BARRIER_LATE
 #define GDNKIT_FUSED_P_BARRIER_LATE 1
 #endif
+// GDNKIT_FUSED_P_AHEAD: 1: in the unsplit 128-column kernels, a full chunk's Q K^T (for P) is issued
+// at the end of the previous step of its walk, after that step's state product and retired with
+// it (FusedLatePAhead), so that the step's fused_p keeps only the decays and stores. 0 (default):
+// fused_p issues and waits for it after FULL.
+#ifndef GDNKIT_FUSED_P_AHEAD
+#define GDNKIT_FUSED_P_AHEAD 0
+#endif
 
 // GDNKIT_FUSED_PRODUCER: the unsplit 64-column kernels get a third warpgroup, one warp of which
 // issues the K, Q and V copies after chunk 0's K and Q and every staged O store (fused_producer; the
@@ -118,6 +125,7 @@ struct FusedSm90 {
   static constexpr bool kBlockSolve =
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
+  static constexpr bool kPAhead = kPBarrierLate && !kWalks_ && GDNKIT_FUSED_P_AHEAD != 0;
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
