@@ -56,6 +56,12 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       const int nrows = cur.nrows();
       // Chunk j - R is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - R).
       if (j >= R) named_sync(F::kBarEmpty + j % R, F::kThreads);
+#if GDNKIT_PROBE_COPIES
+      if constexpr (F::kAuxKq) {  // chunk j - 3's K and Q stage is free: chunk j's go there
+        static_assert(R == 3, "a record stage per K and Q stage");
+        if (tid == 0 && j >= 3) copy.kq(cur.c0, j % 3);
+      }
+#endif
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j]; a producer has its own)
         if constexpr (!F::kProducer) {
           const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;

@@ -166,7 +166,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || !kStoreAtEnd;
       const auto copy_kq = [&] {
 #if GDNKIT_PROBE_COPIES
-        if (!kKqFirst && !kKqAtEnd && tid == 0 && j >= 1) {
+        if (!kKqFirst && !kKqAtEnd && !F::kAuxKq && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[1];
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }

@@ -49,6 +49,12 @@
 #ifndef GDNKIT_FUSED_P_AHEAD
 #define GDNKIT_FUSED_P_AHEAD 0
 #endif
+// GDNKIT_FUSED_AUX_KQ: 1: in the unsplit 128-column kernels, the aux's thread 0 copies chunk j's K and
+// Q once the state warpgroups are done with chunk j - 3 (its EMPTY wait before record j), instead of
+// state thread 0 in step j - 2's aside. 0 (default): state thread 0.
+#ifndef GDNKIT_FUSED_AUX_KQ
+#define GDNKIT_FUSED_AUX_KQ 0
+#endif
 
 // GDNKIT_FUSED_PRODUCER: the unsplit 64-column kernels get a third warpgroup, one warp of which
 // issues the K, Q and V copies after chunk 0's K and Q and every staged O store (fused_producer; the
@@ -126,6 +132,7 @@ struct FusedSm90 {
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   static constexpr bool kPAhead = kPBarrierLate && !kWalks_ && GDNKIT_FUSED_P_AHEAD != 0;
+  static constexpr bool kAuxKq = DVB_ == 128 && !kWalks_ && GDNKIT_FUSED_AUX_KQ != 0;
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
