@@ -9,6 +9,29 @@
 
 namespace gdnkit::cuda {
 
+// With F::kAuxOv, by the aux's thread 0 once the state warpgroups are done with chunk i (its EMPTY):
+// chunk i's O, staged in its V stage where the chunk is full, stored; then, where copy_v, chunk
+// i + 2's V into that stage once the store has read it. F::ahead(smem, c % 3) holds chunk c's first
+// token and rows.
+template <class F>
+__device__ __forceinline__ void aux_store_o_copy_v(const FusedParams& fp, unsigned char* smem,
+                                                   const FusedCopier<F>& copy, int i, bool copy_v) {
+#if GDNKIT_PROBE_COPIES
+  const int* const a = F::ahead(smem, i % 3);
+  if (a[1] == kChunk) {
+    const auto* const o = reinterpret_cast<const unsigned char*>(F::v(smem, i % 2));
+#pragma unroll
+    for (int b = 0; b < F::DVB / 64; ++b)
+      tma_store_3d(&fp.o, o + b * (kChunk * 128), static_cast<int>(blockIdx.x) * F::DVB + 64 * b, a[0], blockIdx.y);
+    bulk_commit();
+  }
+  if (copy_v) {
+    bulk_wait_read<0>();
+    copy.v(F::ahead(smem, (i + 2) % 3)[0], i % 2);
+  }
+#endif
+}
+
 // The aux warpgroup: the first chunks' copies (TMA, issued by thread 0) and every record, one
 // chunk ahead of the state warpgroups (with F::kAuxP also P).
 template <class F>
@@ -60,10 +83,16 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       if constexpr (F::kAuxKq) {  // chunk j - 3's K and Q stage is free: chunk j's go there
         static_assert(R == 3, "a record stage per K and Q stage");
         if (tid == 0 && j >= 3) copy.kq(cur.c0, j % 3);
+        if constexpr (F::kAuxOv) {
+          if (tid == 0) {
+            if (j >= 3) aux_store_o_copy_v<F>(fp, smem, copy, j - 3, true);
+            F::ahead(smem, j % 3)[0] = cur.c0, F::ahead(smem, j % 3)[1] = nrows;  // chunk j, for the above
+          }
+        }
       }
 #endif
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j]; a producer has its own)
-        if constexpr (!F::kProducer) {
+        if constexpr (!F::kProducer && !F::kAuxOv) {
           const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
           F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
           F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
@@ -150,7 +179,13 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
     }
   }
   // Every arrival on a barrier is matched before the CTA exits: the last R chunks' EMPTY.
-  for (int jj = j >= R ? j - R : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % R, F::kThreads);
+  for (int jj = j >= R ? j - R : 0; jj < j; ++jj) {
+    named_sync(F::kBarEmpty + jj % R, F::kThreads);
+    if constexpr (F::kAuxOv)  // the last chunks' O, and V of the last chunk (copied at chunk j - 3's EMPTY)
+      if (tid == 0) aux_store_o_copy_v<F>(fp, smem, copy, jj, jj == j - 3);
+  }
+  if constexpr (F::kAuxOv)
+    if (tid == 0) bulk_wait<0>();  // no store in flight at exit
   GDNKIT_FUSED_STAMP(tid == 0, 5);
 }
 

@@ -174,7 +174,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       const auto copy_v = [&] {
 #if GDNKIT_PROBE_COPIES
-        if (!F::kProducer && tid == 0 && j >= 1) {
+        if (!F::kProducer && !F::kAuxOv && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
 #if !GDNKIT_FUSED_PROBE_NO_VWAIT
@@ -220,7 +220,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }
 #endif
-        if constexpr (!kStoreAtEnd)
+        if constexpr (!kStoreAtEnd && !F::kAuxOv)
           if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
         if constexpr (!kVAside) copy_v();
         if constexpr (!kCopiesAside) copy_kq();
@@ -360,7 +360,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     }
   }
   {  // the last chunk's staged O; no store is in flight at exit
-    if (o_pending >= 0) {
+    if (!F::kAuxOv && o_pending >= 0) {  // (with kAuxOv the aux stores it)
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);  // every warp's stmatrix
       if (tid == 0) store_staged_o(j - 1);
     }

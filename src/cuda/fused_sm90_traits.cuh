@@ -51,7 +51,9 @@
 #endif
 // GDNKIT_FUSED_AUX_KQ: 1: in the unsplit 128-column kernels, the aux's thread 0 copies chunk j's K and
 // Q once the state warpgroups are done with chunk j - 3 (its EMPTY wait before record j), instead of
-// state thread 0 in step j - 2's aside. 0 (default): state thread 0.
+// state thread 0 in step j - 2's aside. 2: at that point the aux's thread 0 also stores chunk j - 3's
+// staged O and copies chunk j - 1's V into its stage (state thread 0 then issues no copy or store).
+// 0 (default): state thread 0.
 #ifndef GDNKIT_FUSED_AUX_KQ
 #define GDNKIT_FUSED_AUX_KQ 0
 #endif
@@ -133,6 +135,7 @@ struct FusedSm90 {
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
   static constexpr bool kPAhead = kPBarrierLate && !kWalks_ && GDNKIT_FUSED_P_AHEAD != 0;
   static constexpr bool kAuxKq = DVB_ == 128 && !kWalks_ && GDNKIT_FUSED_AUX_KQ != 0;
+  static constexpr bool kAuxOv = kAuxKq && GDNKIT_FUSED_AUX_KQ == 2;
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
