@@ -112,7 +112,11 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     return p.longest_first ? order[i] : i;
   };
   const ListSpan list = cta_list<F::kWalks>(p, order);
-  for (std::int64_t i = list.first; i < list.end; i += list.stride) {
+  // With kPAhead the list's bounds are read again at each walk's end (from the parameters and the
+  // shared order), not held across the walk: held, ptxas spilled them at dk = 128.
+  const auto list_end = [&] { return F::kPAhead ? cta_list<F::kWalks>(p, order).end : list.end; };
+  const auto list_stride = [&] { return F::kPAhead ? cta_list<F::kWalks>(p, order).stride : list.stride; };
+  for (std::int64_t i = list.first; i < list_end(); i += list_stride()) {
     // The walk: a sequence, or an entry of the walk list (its own start state, perhaps no final one).
     std::int64_t bos, eos, start_index = walk_seq(i);
     const float* start = p.has_initial_state ? p.initial_state : nullptr;
