@@ -257,12 +257,6 @@ __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) 
       reinterpret_cast<uint4*>(F::rec(smem, s))[idx] = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
-// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; not with kAuxP, whose aux
-// forms P with A): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
-// staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the
-// diagonal; rows past a tail's end are zero, as Q's are). The caller fences and orders the stores
-// before the walk's wgmma reads them.
 // Warpgroup wg's columns of Q K^T (for P) into acc, from the staged K and Q: issued, not committed.
 template <class F>
 __device__ __forceinline__ void fused_p_issue(const unsigned char* kq, float (&acc)[32 / F::kStateWarpgroups], int wg) {
