@@ -14,17 +14,11 @@ namespace gdnkit::cuda {
 // i + 2's V into that stage once the store has read it. F::ahead(smem, c % 3) holds chunk c's first
 // token and rows.
 template <class F>
-__device__ __forceinline__ void aux_store_o_copy_v(const FusedParams& fp, unsigned char* smem,
-                                                   const FusedCopier<F>& copy, int i, bool copy_v) {
+__device__ __forceinline__ void aux_store_o_copy_v(unsigned char* smem, const FusedCopier<F>& copy, int i,
+                                                   bool copy_v) {
 #if GDNKIT_PROBE_COPIES
   const int* const a = F::ahead(smem, i % 3);
-  if (a[1] == kChunk) {
-    const auto* const o = reinterpret_cast<const unsigned char*>(F::v(smem, i % 2));
-#pragma unroll
-    for (int b = 0; b < F::DVB / 64; ++b)
-      tma_store_3d(&fp.o, o + b * (kChunk * 128), static_cast<int>(blockIdx.x) * F::DVB + 64 * b, a[0], blockIdx.y);
-    bulk_commit();
-  }
+  if (a[1] == kChunk) copy.o(a[0], i % 2);
   if (copy_v) {
     bulk_wait_read<0>();
     copy.v(F::ahead(smem, (i + 2) % 3)[0], i % 2);
@@ -85,7 +79,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
         if (tid == 0 && j >= 3) copy.kq(cur.c0, j % 3);
         if constexpr (F::kAuxOv) {
           if (tid == 0) {
-            if (j >= 3) aux_store_o_copy_v<F>(fp, smem, copy, j - 3, true);
+            if (j >= 3) aux_store_o_copy_v<F>(smem, copy, j - 3, true);
             F::ahead(smem, j % 3)[0] = cur.c0, F::ahead(smem, j % 3)[1] = nrows;  // chunk j, for the above
           }
         }
@@ -182,7 +176,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
   for (int jj = j >= R ? j - R : 0; jj < j; ++jj) {
     named_sync(F::kBarEmpty + jj % R, F::kThreads);
     if constexpr (F::kAuxOv)  // the last chunks' O, and V of the last chunk (copied at chunk j - 3's EMPTY)
-      if (tid == 0) aux_store_o_copy_v<F>(fp, smem, copy, jj, jj == j - 3);
+      if (tid == 0) aux_store_o_copy_v<F>(smem, copy, jj, jj == j - 3);
   }
   if constexpr (F::kAuxOv)
     if (tid == 0) bulk_wait<0>();  // no store in flight at exit

@@ -1,4 +1,4 @@
-// The fused SM90 kernel's TMA copies of K, Q and V into their stages, and the zeroing of the rows
+// The fused SM90 kernel's TMA copies of K, Q and V into their stages and of a staged O out, and the
 // past a tail chunk's end.
 #pragma once
 
@@ -40,6 +40,14 @@ struct FusedCopier {
     for (int b = 0; b < F::DVB / 64; ++b)
       tma_load_3d(d + b * (kChunk * 128), &fp.v, bar, blockIdx.x * F::DVB + 64 * b, c0, blockIdx.y / fp.p.v_group);
   }
+  // The O of the full chunk at token c0, staged in V stage s (fused_state's o_stage), stored: one
+  // bulk group. (A value CTA's columns; a map CTA stages nothing.)
+  __device__ void o(int c0, int s) const {
+    const auto* const src = reinterpret_cast<const unsigned char*>(F::v(smem, s));
+    for (int b = 0; b < F::DVB / 64; ++b)
+      tma_store_3d(&fp.o, src + b * (kChunk * 128), static_cast<int>(blockIdx.x) * F::DVB + 64 * b, c0, blockIdx.y);
+    bulk_commit();
+  }
 };
 
 // The producer warp (F::kProducer; lane = 0..31): the copies state thread 0 issues otherwise, in the
@@ -77,10 +85,7 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
 #if GDNKIT_PROBE_COPIES
     if (lane == 0) {
       if (chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
-      if (c[0].nrows() == kChunk) {  // O staged in chunk j's V stage (fused_state's o_stage)
-        tma_store_3d(&fp.o, F::v(smem, j % 2), static_cast<int>(blockIdx.x) * F::DVB, c[0].c0, blockIdx.y);
-        bulk_commit();
-      }
+      if (c[0].nrows() == kChunk) copy.o(c[0].c0, j % 2);  // O staged in chunk j's V stage
       if (chunks.valid(c[2])) {
         bulk_wait_read<0>();
         copy.v(c[2].c0, j % 2);
