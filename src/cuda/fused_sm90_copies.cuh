@@ -1,5 +1,5 @@
-// The fused SM90 kernel's TMA copies of K, Q and V into their stages and of a staged O out, and the
-// past a tail chunk's end.
+// The fused SM90 kernel's TMA copies: K, Q and V into their stages, a staged O out; and the zeroing of
+// the rows past a tail chunk's end.
 #pragma once
 
 #include "cuda/fused_sm90_probe.cuh"
