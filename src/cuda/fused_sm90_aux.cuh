@@ -9,23 +9,6 @@
 
 namespace gdnkit::cuda {
 
-// With F::kAuxOv, by the aux's thread 0 once the state warpgroups are done with chunk i (its EMPTY):
-// chunk i's O, staged in its V stage where the chunk is full, stored; then, where copy_v, chunk
-// i + 2's V into that stage once the store has read it. F::ahead(smem, c % 3) holds chunk c's first
-// token and rows.
-template <class F>
-__device__ __forceinline__ void aux_store_o_copy_v(unsigned char* smem, const FusedCopier<F>& copy, int i,
-                                                   bool copy_v) {
-#if GDNKIT_PROBE_COPIES
-  const int* const a = F::ahead(smem, i % 3);
-  if (a[1] == kChunk) copy.o(a[0], i % 2);
-  if (copy_v) {
-    bulk_wait_read<0>();
-    copy.v(F::ahead(smem, (i + 2) % 3)[0], i % 2);
-  }
-#endif
-}
-
 // The aux warpgroup: the first chunks' copies (TMA, issued by thread 0) and every record, one
 // chunk ahead of the state warpgroups (with F::kAuxP also P).
 template <class F>
@@ -73,20 +56,8 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       const int nrows = cur.nrows();
       // Chunk j - R is done with, and so is its slot of F::ahead (state thread 0 reads it at step j - R).
       if (j >= R) named_sync(F::kBarEmpty + j % R, F::kThreads);
-#if GDNKIT_PROBE_COPIES
-      if constexpr (F::kAuxKq) {  // chunk j - 3's K and Q stage is free: chunk j's go there
-        static_assert(R == 3, "a record stage per K and Q stage");
-        if (tid == 0 && j >= 3) copy.kq(cur.c0, j % 3);
-        if constexpr (F::kAuxOv) {
-          if (tid == 0) {
-            if (j >= 3) aux_store_o_copy_v<F>(smem, copy, j - 3, true);
-            F::ahead(smem, j % 3)[0] = cur.c0, F::ahead(smem, j % 3)[1] = nrows;  // chunk j, for the above
-          }
-        }
-      }
-#endif
       if (tid == 0) {  // for state thread 0's copies at step j (published by FULL[j]; a producer has its own)
-        if constexpr (!F::kProducer && !F::kAuxOv) {
+        if constexpr (!F::kProducer) {
           const ChunkPos nxt2 = more ? chunks.next(nxt) : nxt;
           F::ahead(smem, j % R)[0] = more ? nxt.c0 : -1;
           F::ahead(smem, j % R)[1] = more && chunks.valid(nxt2) ? nxt2.c0 : -1;
@@ -132,26 +103,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       }
 #endif
       GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 24);
-      if (F::kPeerStores && pair.own(j)) {  // the same copy by every aux thread (GDNKIT_FUSED_PEER_STORES)
-        named_sync(F::kBarAux, 128);  // the record's stores, before other threads read them
-        if (j >= 3) mbar_wait(F::rec_free_bar(smem, j % R), ((j - 3) / 6) & 1);
-        const unsigned peer = cluster_rank() ^ 1u;
-        const std::uint32_t dst = peer_smem(F::rec(smem, j % R), peer);
-        const std::uint32_t bar = peer_smem(F::rec_full_bar(smem, j % R), peer);
-        const unsigned char* const src = F::rec(smem, j % R);
-        // kBatch loads before their stores: each store's asm orders memory, so a load after a
-        // store waits for it. (The 128-column kernels' aux, at 120 registers, spills with 4.)
-        constexpr int kPieces = static_cast<int>(F::rec_copy_bytes / 16), kBatch = F::kAuxP ? 4 : 1;
-        for (int i0 = tid; i0 < kPieces; i0 += kBatch * 128) {
-          uint4 piece[kBatch];
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k)
-            if (i0 + 128 * k < kPieces) piece[k] = *reinterpret_cast<const uint4*>(src + 16 * (i0 + 128 * k));
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k)
-            if (i0 + 128 * k < kPieces) st_async_16(dst + 16 * (i0 + 128 * k), piece[k], bar);
-        }
-      } else if (pair.own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
+      if (pair.own(j)) {  // the copy into the peer's stage, once its walk is done with chunk j - 3 there
         gmma_smem_fence();  // this thread's Mt stores, before the bulk copy reads them
         named_sync(F::kBarAux, 128);
         if (tid == 0) {
@@ -173,13 +125,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
     }
   }
   // Every arrival on a barrier is matched before the CTA exits: the last R chunks' EMPTY.
-  for (int jj = j >= R ? j - R : 0; jj < j; ++jj) {
-    named_sync(F::kBarEmpty + jj % R, F::kThreads);
-    if constexpr (F::kAuxOv)  // the last chunks' O, and V of the last chunk (copied at chunk j - 3's EMPTY)
-      if (tid == 0) aux_store_o_copy_v<F>(smem, copy, jj, jj == j - 3);
-  }
-  if constexpr (F::kAuxOv)
-    if (tid == 0) bulk_wait<0>();  // no store in flight at exit
+  for (int jj = j >= R ? j - R : 0; jj < j; ++jj) named_sync(F::kBarEmpty + jj % R, F::kThreads);
   GDNKIT_FUSED_STAMP(tid == 0, 5);
 }
 

@@ -257,27 +257,32 @@ __device__ __forceinline__ void zero_record_tiles(unsigned char* smem, int tid) 
       reinterpret_cast<uint4*>(F::rec(smem, s))[idx] = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// Warpgroup wg's columns of Q K^T (for P) into acc, from the staged K and Q: issued, not committed.
+// P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
+// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; not with kAuxP, whose aux
+// forms P with A): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
+// staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the
+// diagonal; rows past a tail's end are zero, as Q's are). The caller fences and orders the stores
+// before the walk's wgmma reads them.
 template <class F>
-__device__ __forceinline__ void fused_p_issue(const unsigned char* kq, float (&acc)[32 / F::kStateWarpgroups], int wg) {
+__device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
+                                        int tid) {
   using T = typename F::T;
   constexpr int NP = 64 / F::kStateWarpgroups;
+  tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
+  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const std::uint64_t dk = fused_kdesc(kq + wg * NP * 128);  // rows [NP wg, NP wg + NP) of K
   const std::uint64_t dq = fused_kdesc(kq + F::Walk::k_bytes);
+  float acc[NP / 2];
   gmma_fence(acc);
   gmma_arrive();
 #pragma unroll
   for (int kk = 0; kk < F::DK / 16; ++kk)
     gmma_ss<T, NP>(acc, gmma_desc_add(dq, gmma_kstep(kk, kChunk)), gmma_desc_add(dk, gmma_kstep(kk, kChunk)), kk > 0);
-}
-
-// P's elements of warpgroup wg's columns from the retired Q K^T in acc: the decays (gi: G log2(e) of
-// the lane's rows i0 and i0 + 8) and the stores.
-template <class F>
-__device__ __forceinline__ void fused_p_store(const float (&acc)[32 / F::kStateWarpgroups], const float (&gi)[2],
-                                              unsigned char* P, const float* Gs, float scale, int wg, int i0, int t) {
-  using T = typename F::T;
-  constexpr int NP = 64 / F::kStateWarpgroups;
+  gmma_commit();
+  const int i0 = 16 * warp + g;
+  const float gi[2] = {Gs[i0], Gs[i0 + 8]};
+  gmma_wait<0>();
+  gmma_fence(acc);
   // (The aux's P, kAuxP, is formed with A by fused_record and stored by stmatrix; here, in the state
   // warpgroups, stmatrix was level or slower and made the walk-list variants spill: docs/perf-notes.md,
   // "P stored by stmatrix".)
@@ -295,28 +300,6 @@ __device__ __forceinline__ void fused_p_store(const float (&acc)[32 / F::kStateW
   }
 }
 
-// P = scale * (Q K^T) .* D (D_ij = exp(G_i - G_j), j <= i, else 0) of one chunk, the walk's
-// 16-bit tile P (F::p_tile), by the state warpgroups (tid among them; not with kAuxP, whose aux
-// forms P with A): warpgroup w forms columns [NP w, NP w + NP), NP = 64 / warpgroups, on wgmma from the
-// staged K and Q; Gs holds G log2(e) (publish_gates). P is written whole (zeros above the
-// diagonal; rows past a tail's end are zero, as Q's are). The caller fences and orders the stores
-// before the walk's wgmma reads them.
-template <class F>
-__device__ __forceinline__ void fused_p(const unsigned char* kq, unsigned char* P, const float* Gs, float scale,
-                                        int tid) {
-  constexpr int NP = 64 / F::kStateWarpgroups;
-  tid = opaque(tid);  // the lane's indices recomputed here, not kept live across the walk (registers)
-  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-  float acc[NP / 2];
-  fused_p_issue<F>(kq, acc, wg);
-  gmma_commit();
-  const int i0 = 16 * warp + g;
-  const float gi[2] = {Gs[i0], Gs[i0 + 8]};
-  gmma_wait<0>();
-  gmma_fence(acc);
-  fused_p_store<F>(acc, gi, P, Gs, scale, wg, i0, t);
-}
-
 // walk_chunk's aside in the kernels whose state warpgroups meet the P barrier just before P Vn
 // (FusedSm90::kPBarrierLate): walk_chunk calls before_out() there, so that no state warp waits for
 // the others (or for thread 0's copies right after FULL) before its first product.
@@ -327,28 +310,6 @@ struct FusedLateP {
   __device__ __forceinline__ void before_out() const {
     gmma_smem_fence();  // this thread's P, for the wgmma reads of P Vn
     named_sync(F::kBarP, 128 * F::kStateWarpgroups);
-  }
-};
-
-// FusedLateP with F::kPAhead: once the step's O is stored (WgmmaWalk::out_state, the state product
-// still in flight), the next chunk's Q K^T too, retired with the state product, so that the next
-// step's fused_p keeps only the decays and stores. Where the next chunk is not a full one of the
-// same walk (next_full false), the product is issued on this chunk's K and Q and not used: acc is
-// then defined by wgmma on every path (else ptxas serialises every wgmma of the 128-column kernel
-// and spills, C7514).
-template <class F, class Fn>
-struct FusedLatePAhead : FusedLateP<F, Fn> {
-  float (&acc)[32 / F::kStateWarpgroups];
-  const unsigned char* kq;       // this chunk's K and Q
-  const unsigned char* next_kq;  // the next chunk's
-  std::uint64_t* next_bar;       // and the mbarrier of their copy, in phase `parity`
-  std::uint32_t parity;
-  bool next_full;
-  int wg;
-  __device__ __forceinline__ void after_state() const {
-    if (next_full) mbar_wait(next_bar, parity);
-    fused_p_issue<F>(next_full ? next_kq : kq, acc, wg);
-    gmma_commit();
   }
 };
 

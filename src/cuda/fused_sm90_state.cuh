@@ -95,10 +95,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   constexpr bool kKqAtEnd = kStoreAtEnd;
   constexpr bool kKqFirst = !kKqAtEnd && (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && F::kWalks));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
-  // With kPAhead: the warpgroup's columns of this chunk's Q K^T, issued and retired in the previous
-  // step (p_ready), or not (the first chunk of a walk, a tail).
-  float p_acc[32 / F::kStateWarpgroups];
-  bool p_ready = false;
   const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
 #pragma unroll
     for (int b = 0; b < F::DVB / 64; ++b)
@@ -112,11 +108,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     return p.longest_first ? order[i] : i;
   };
   const ListSpan list = cta_list<F::kWalks>(p, order);
-  // With kPAhead the list's bounds are read again at each walk's end (from the parameters and the
-  // shared order), not held across the walk: held, ptxas spilled them at dk = 128.
-  const auto list_end = [&] { return F::kPAhead ? cta_list<F::kWalks>(p, order).end : list.end; };
-  const auto list_stride = [&] { return F::kPAhead ? cta_list<F::kWalks>(p, order).stride : list.stride; };
-  for (std::int64_t i = list.first; i < list_end(); i += list_stride()) {
+  for (std::int64_t i = list.first; i < list.end; i += list.stride) {
     // The walk: a sequence, or an entry of the walk list (its own start state, perhaps no final one).
     std::int64_t bos, eos, start_index = walk_seq(i);
     const float* start = p.has_initial_state ? p.initial_state : nullptr;
@@ -170,7 +162,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       constexpr bool kCopiesAside = F::kStateWarpgroups == 2, kVAside = kCopiesAside || !kStoreAtEnd;
       const auto copy_kq = [&] {
 #if GDNKIT_PROBE_COPIES
-        if (!kKqFirst && !kKqAtEnd && !F::kAuxKq && tid == 0 && j >= 1) {
+        if (!kKqFirst && !kKqAtEnd && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[1];
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }
@@ -178,7 +170,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       const auto copy_v = [&] {
 #if GDNKIT_PROBE_COPIES
-        if (!F::kProducer && !F::kAuxOv && tid == 0 && j >= 1) {
+        if (!F::kProducer && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[0];
           if (a >= 0) {
 #if !GDNKIT_FUSED_PROBE_NO_VWAIT
@@ -202,14 +194,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         named_sync(F::kBarFull + s, F::kThreads);
         GDNKIT_FUSED_STAMP(tid == 0 && j == 0, 3);
         GDNKIT_FUSED_STAMP_STEP(tid == 0, j, fp.timeline_j0, 8);
-        if (from_peer) {  // the peer's copy (fused_paired)
-          if constexpr (F::kPeerStores) {  // by its threads' stores (generic proxy), before wgmma reads them
-            mbar_wait_cluster(F::rec_full_bar(smem, s), (j / 6) & 1);
-            gmma_smem_fence();
-          } else {
-            mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);
-          }
-        }
+        if (from_peer) mbar_wait(F::rec_full_bar(smem, s), (j / 6) & 1);  // the peer's copy (fused_paired)
 #if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_NO_VWAIT
         mbar_wait(F::v_bar(smem, j % 2), (j / 2) & 1);  // this chunk's V (the aux's FULL does not cover it)
 #endif
@@ -224,7 +209,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }
 #endif
-        if constexpr (!kStoreAtEnd && !F::kAuxOv)
+        if constexpr (!kStoreAtEnd)
           if (tid == 0 && o_pending >= 0) store_staged_o(j - 1);
         if constexpr (!kVAside) copy_v();
         if constexpr (!kCopiesAside) copy_kq();
@@ -239,18 +224,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
             *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(F::v(smem, j % 2)) + (ot / 128) * (C * 128) +
                                       swizzle128(r, idx % 8)) = make_uint4(0u, 0u, 0u, 0u);
         }
-        if constexpr (F::kPAhead) {
-          if (p_ready) {
-            const int ot = opaque(tid), i0 = 16 * ((ot / 32) % 4) + (ot % 32) / 4;
-            const float gi[2] = {p_gates[i0], p_gates[i0 + 8]};
-            gmma_fence(p_acc);  // retired with the previous step's state product
-            fused_p_store<F>(p_acc, gi, F::p_tile(smem, s), p_gates, p.scale, ot / 128, i0, ot % 4);
-          } else {
-            fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
-          }
-        } else if constexpr (!F::kAuxP) {
-          fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
-        }
+        if constexpr (!F::kAuxP) fused_p<F>(F::kq(smem, j % 3), F::p_tile(smem, s), p_gates, p.scale, tid);
         // The zero V rows and P, before the walk reads them (and a later TMA copy rewrites V); where
         // kPBarrierLate, only a tail's V rows here and P just before P Vn (FusedLateP).
         if (!F::kPBarrierLate || nrows < C) {
@@ -305,19 +279,6 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       };
       if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
-      } else if constexpr (F::kPAhead) {
-        // The next chunk's Q K^T after this step's state product, where it is a full one of this walk.
-        const bool next_full = c0 + 2 * C <= eos;
-        FusedLatePAhead<F, decltype(walk_aside)> late{{walk_aside},
-                                                      p_acc,
-                                                      F::kq(smem, j % 3),
-                                                      F::kq(smem, (j + 1) % 3),
-                                                      F::kq_bar(smem, (j + 1) % 3),
-                                                      static_cast<std::uint32_t>(((j + 1) / 3) & 1),
-                                                      next_full,
-                                                      opaque(tid) / 128};
-        walk(late);
-        p_ready = next_full;
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};
         walk(late);
@@ -364,7 +325,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
     }
   }
   {  // the last chunk's staged O; no store is in flight at exit
-    if (!F::kAuxOv && o_pending >= 0) {  // (with kAuxOv the aux stores it)
+    if (o_pending >= 0) {
       named_sync(F::kBarP, 128 * F::kStateWarpgroups);  // every warp's stmatrix
       if (tid == 0) store_staged_o(j - 1);
     }

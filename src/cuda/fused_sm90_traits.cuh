@@ -42,21 +42,6 @@
 #ifndef GDNKIT_FUSED_P_BARRIER_LATE
 #define GDNKIT_FUSED_P_BARRIER_LATE 1
 #endif
-// GDNKIT_FUSED_P_AHEAD: 1: in the unsplit 128-column kernels, a full chunk's Q K^T (for P) is issued
-// at the end of the previous step of its walk, after that step's state product and retired with
-// it (FusedLatePAhead), so that the step's fused_p keeps only the decays and stores. 0 (default):
-// fused_p issues and waits for it after FULL.
-#ifndef GDNKIT_FUSED_P_AHEAD
-#define GDNKIT_FUSED_P_AHEAD 0
-#endif
-// GDNKIT_FUSED_AUX_KQ: 1: in the unsplit 128-column kernels, the aux's thread 0 copies chunk j's K and
-// Q once the state warpgroups are done with chunk j - 3 (its EMPTY wait before record j), instead of
-// state thread 0 in step j - 2's aside. 2: at that point the aux's thread 0 also stores chunk j - 3's
-// staged O and copies chunk j - 1's V into its stage (state thread 0 then issues no copy or store).
-// 0 (default): state thread 0.
-#ifndef GDNKIT_FUSED_AUX_KQ
-#define GDNKIT_FUSED_AUX_KQ 0
-#endif
 
 // GDNKIT_FUSED_PRODUCER: the unsplit 64-column kernels get a third warpgroup, one warp of which
 // issues the K, Q and V copies after chunk 0's K and Q and every staged O store (fused_producer; the
@@ -77,14 +62,6 @@
 // 128-column ones (ptxas spills and serialises their wgmma, even with K S alone before FULL).
 #ifndef GDNKIT_FUSED_KS_EARLY
 #define GDNKIT_FUSED_KS_EARLY 1
-#endif
-// GDNKIT_FUSED_PEER_STORES: 1: a pair's record goes into the peer's stage by the aux's 128 threads
-// (st.async, 16 bytes each, completing the peer's barrier) instead of one bulk copy by the TMA unit,
-// which the K, Q and V copies and the O stores also queue on; the peer's walk waits with acquire at
-// cluster scope and fences to the async proxy. 0 (default): the bulk copy. Not yet timed
-// (docs/perf-notes.md, "The late state wait, Q early and K and Q into L2 ahead timed").
-#ifndef GDNKIT_FUSED_PEER_STORES
-#define GDNKIT_FUSED_PEER_STORES 0
 #endif
 
 namespace gdnkit::cuda {
@@ -133,9 +110,6 @@ struct FusedSm90 {
   static constexpr bool kBlockSolve =
       DVB_ == 128 || (GDNKIT_FUSED_BLOCK_SOLVE64 != 0 && kAuxP_) || (GDNKIT_FUSED_BLOCK_SOLVE64 == 2 && DVB_ == 64);
   static constexpr bool kPBarrierLate = DVB_ == 128 && !kAuxP_ && GDNKIT_FUSED_P_BARRIER_LATE != 0;
-  static constexpr bool kPAhead = kPBarrierLate && !kWalks_ && GDNKIT_FUSED_P_AHEAD != 0;
-  static constexpr bool kAuxKq = DVB_ == 128 && !kWalks_ && GDNKIT_FUSED_AUX_KQ != 0;
-  static constexpr bool kAuxOv = kAuxKq && GDNKIT_FUSED_AUX_KQ == 2;
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
@@ -205,7 +179,6 @@ struct FusedSm90 {
   // What a pair shares: Mt hi and lo; with kAuxP also P, gam and dec (the whole record: the aux then
   // skips the peer's chunks).
   static constexpr std::uint32_t rec_copy_bytes = kAuxP ? rec_gam + 2 * kChunk * 4 : 2 * m_bytes;
-  static constexpr bool kPeerStores = GDNKIT_FUSED_PEER_STORES != 0;  // (the copy by the aux's threads)
   static_assert(rec_copy_bytes % 16 == 0 && rec_copy_bytes <= rec_bytes, "one bulk copy of the record stage");
   static_assert(kq_bytes % kSwizzleAtomBytes == 0 && v_bytes % kSwizzleAtomBytes == 0 &&
                     rec_bytes % kSwizzleAtomBytes == 0 && off_bar % 8 == 0,

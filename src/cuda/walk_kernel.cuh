@@ -92,12 +92,6 @@ struct WalkStage {
   static_assert(kRecDecOff == kRecGamOff + 4 * kChunk, "dec follows gam");
 };
 
-// What a wgmma walk's out_state issues after the state product: nothing (the fused kernel's
-// FusedLatePAhead issues the next chunk's Q K^T there).
-struct NoStateHook {
-  __device__ __forceinline__ void after_state() const {}
-};
-
 // mma.sync products: K, Q as padded [64][DK + 8] tiles, Mt hi, Mt lo, P, gam, dec as a verbatim copy of
 // the workspace record (lower-block layout), V as [64][DVB + 8].
 template <typename T_, int DK_, int WARPS>
@@ -446,10 +440,7 @@ __device__ __forceinline__ void walk_chunk(float (&st)[W::DK / 8][4], const Walk
   };
   GDNKIT_STEP_MARK(10);
   if constexpr (requires { aside.before_out(); }) aside.before_out();  // the fused kernel's FusedLateP
-  if constexpr (requires { aside.after_state(); })  // the fused kernel's FusedLatePAhead
-    W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l, aside);
-  else
-    W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
+  W::template out_state<NB>(qs, na, st, da, store_o, decay_state, S, l);
 }
 
 // The state of (sequence n, head h) as this lane's St tiles: columns col, col + 8 (value columns,

@@ -355,12 +355,10 @@ struct WgmmaWalk {
 
   // P Vn into O, then Vd K into S', in two commit groups: the O store runs while the state
   // product is in flight.
-  // `after` (the fused kernel's FusedLatePAhead) may issue products of its own once O is stored,
-  // retired with Vd K.
-  template <int NB, class StoreO, class Decay, class After = NoStateHook>
+  template <int NB, class StoreO, class Decay>
   __device__ static void out_state(float (&qs)[2 * NB][4], std::uint32_t (&na)[NB][4], float (&st)[DK / 8][4],
                                    std::uint32_t (&da)[NB][4], StoreO&& store_o, Decay&& decay_state,
-                                   const WalkStage<T>& S, const WalkLane&, const After& after = After{}) {
+                                   const WalkStage<T>& S, const WalkLane&) {
     float (&qf)[8 * NB] = flat<8 * NB>(qs);
     float (&sf)[4 * (DK / 8)] = flat<4 * (DK / 8)>(st);
     const std::uint64_t dp = gmma_desc(S.p, 16, 1024), ds = gmma_desc(S.kq, kChunk * 128, 1024);
@@ -386,7 +384,6 @@ struct WgmmaWalk {
     gmma_fence(qf);
     fence_all(na);
     store_o();
-    after.after_state();
     GDNKIT_STEP_MARK(14);
     gmma_wait<0>();
     GDNKIT_STEP_MARK(15);

@@ -162,19 +162,6 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, int parity) {
       "r"(parity)
       : "memory");
 }
-// mbar_wait with acquire at cluster scope: for bytes written by another CTA's threads (st_async_16),
-// whose completion releases at cluster scope.
-__device__ __forceinline__ void mbar_wait_cluster(std::uint64_t* bar, int parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
 // Fetches a TMA descriptor into the descriptor cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
@@ -261,16 +248,6 @@ __device__ __forceinline__ void bulk_copy_to_peer(std::uint32_t dst, const void*
   asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                    dst),
                "r"(smem_addr(src)), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// 16 bytes into another CTA's shared memory at dst (a shared::cluster address, 16-byte aligned) by
-// an ordinary thread, completing 16 transaction bytes of that CTA's mbarrier bar: the copy of
-// bulk_copy_to_peer without the TMA unit. A generic-proxy write: the reader fences to the async
-// proxy (gmma_smem_fence) after its wait before wgmma reads the bytes.
-__device__ __forceinline__ void st_async_16(std::uint32_t dst, uint4 v, std::uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-                   dst),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
                : "memory");
 }
 

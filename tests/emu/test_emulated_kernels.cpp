@@ -527,12 +527,9 @@ TEST(Emulated, FusedPairs) {
         s.seed = 1470 + i++;
         std::int64_t chunks = 0;
         for (std::int64_t L : s.lens) chunks += (L + 63) / 64;
-        // (With GDNKIT_FUSED_PEER_STORES a record crosses as 16-byte stores.)
-        constexpr long kRecordBytes = cuda::FusedSm90<__nv_bfloat16, 128, 64, false, true>::rec_copy_bytes;
-        const auto records = [] { return cuda::g_peer_copies.load() + cuda::g_peer_store_bytes.load() / kRecordBytes; };
-        const long copies = records(), arrivals = cuda::g_peer_arrivals.load();
+        const long copies = cuda::g_peer_copies.load(), arrivals = cuda::g_peer_arrivals.load();
         check(s, kFused64, z, z != 1u);
-        EXPECT_EQ(records() - copies, s.Hv * chunks) << "records copied to the peer, z " << z;
+        EXPECT_EQ(cuda::g_peer_copies.load() - copies, s.Hv * chunks) << "records copied to the peer, z " << z;
         if (z == 1u) {
           EXPECT_EQ(cuda::g_peer_arrivals.load() - arrivals, 4 * s.Hv * (chunks - 1)) << "stages released to the peer";
         }
@@ -1055,14 +1052,13 @@ TEST(Emulated, ContextParallel) {
     SCOPED_TRACE(s.describe() + " seg=" + std::to_string(r.seg) + " dvb=" + std::to_string(r.dvb1));
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
-    const long copies = cuda::g_peer_copies.load() + cuda::g_peer_store_bytes.load();
+    const long copies = cuda::g_peer_copies.load();
     if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs);
     else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs);
     // 64-column CTAs pair wherever dk and dv are multiples of 128 (fused_cluster_x); 128-column
     // ones only as value and map pairs.
     const bool paired = r.dvb1 == 128 ? r.pairs : r.dk % 128 == 0;
-    EXPECT_EQ(cuda::g_peer_copies.load() + cuda::g_peer_store_bytes.load() > copies, paired)
-        << "records copied between the CTAs of a cluster";
+    EXPECT_EQ(cuda::g_peer_copies.load() > copies, paired) << "records copied between the CTAs of a cluster";
     expect_bf16_within(c, ref);
   }
 }

@@ -352,7 +352,6 @@ inline void mbar_wait(std::uint64_t* bar, int parity) {
     }
   }
 }
-inline void mbar_wait_cluster(std::uint64_t* bar, int parity) { mbar_wait(bar, parity); }
 inline bool encode_tile_map(CUtensorMap* map, const void* base, bool bf16, std::int64_t cols, std::int64_t tokens,
                             int heads, std::int64_t token_stride, std::int64_t head_stride) {
   const std::uint64_t rows = tokens > 1 ? std::uint64_t(tokens) : 1;
@@ -420,7 +419,6 @@ inline void cluster_sync() {
 constexpr std::uint32_t kClusterAddress = 0x80000000u;
 inline std::atomic<bool> g_peer_copies_land_at_issue{false};    // bulk_copy_to_peer below
 inline std::atomic<long> g_peer_copies{0}, g_peer_arrivals{0};  // counts, for the tests
-inline std::atomic<long> g_peer_store_bytes{0};                 // st_async_16's, for the tests
 inline std::uint32_t peer_smem(const void* p, unsigned rank) {
   if (rank >= g_cta->size) {
     std::fprintf(stderr, "peer_smem of rank %u in a cluster of %u\n", rank, g_cta->size);
@@ -449,32 +447,22 @@ inline void mbar_arrive_cluster(std::uint32_t bar) {
 // so that a walk that reads its record before the wait reads stale bytes; or, with
 // g_peer_copies_land_at_issue, at once, so that a copy issued into a stage the peer still reads
 // (before its release) changes what the peer reads.
-inline void copy_to_peer(const char* what, std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
-  unsigned char* d = cluster_ptr(dst, what);
-  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, what));
+inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  unsigned char* d = cluster_ptr(dst, "bulk_copy_to_peer");
+  auto* b = reinterpret_cast<std::uint64_t*>(cluster_ptr(bar, "bulk_copy_to_peer"));
   if (reinterpret_cast<std::uintptr_t>(d) % 16 || reinterpret_cast<std::uintptr_t>(src) % 16 || bytes % 16) {
-    std::fprintf(stderr, "%s not 16-byte aligned\n", what);
+    std::fprintf(stderr, "bulk copy not 16-byte aligned\n");
     std::abort();
   }
   mbar_check(b, "completed by a peer's copy");
   TmaCopy c{d, std::vector<unsigned char>(bytes)};
   std::memcpy(c.bytes.data(), src, bytes);
+  ++g_peer_copies;
   std::lock_guard<std::mutex> lock(g_tma_mutex);
   if (g_peer_copies_land_at_issue) {
     std::memcpy(d, c.bytes.data(), bytes);
     c.landed = true;
   }
   mbar_record(b, std::move(c));
-}
-inline void bulk_copy_to_peer(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
-  ++g_peer_copies;
-  copy_to_peer("bulk_copy_to_peer", dst, src, bytes, bar);
-}
-// The same for 16 bytes from a thread's registers (st.async).
-inline void st_async_16(std::uint32_t dst, uint4 v, std::uint32_t bar) {
-  g_peer_store_bytes += 16;
-  alignas(16) unsigned char bytes[16];
-  std::memcpy(bytes, &v, 16);
-  copy_to_peer("st_async_16", dst, bytes, 16, bar);
 }
 }  // namespace gdnkit::cuda
