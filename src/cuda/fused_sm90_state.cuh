@@ -100,7 +100,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   // warpgroup 0) in the unsplit kernels with GDNKIT_FUSED_KQ_FIRST=3, else 0.
   constexpr int kKqTid = GDNKIT_FUSED_KQ_FIRST == 3 && !F::kWalks ? 128 : 0;
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
-  const auto store_staged_o = [&](int c) {  // thread 0: the stage of chunk c (its first token o_pending)
+  // Thread 0: the stage of chunk c (its first token o_pending). FusedCopier::o is the same store for
+  // the producer warp; calling it here changed this kernel's SASS, which is the one timed.
+  const auto store_staged_o = [&](int c) {
 #pragma unroll
     for (int b = 0; b < F::DVB / 64; ++b)
       tma_store_3d(&fp.o, reinterpret_cast<const unsigned char*>(F::v(smem, c % 2)) + b * (C * 128), v0 + 64 * b,
