@@ -13,7 +13,9 @@ order): the record's top, past EMPTY, the next gates' loads issued, K and Q land
 rows, the gate converted, stored, past the aux barrier, K K^T issued, the cumsum, A formed, the
 diagonal blocks, the block rows, the tail's Mt rows, FULL arrived. A 64-column pair's aux skips
 the peer's chunks, so its marks of those chunks stop early. Clock reads are scheduled by ptxas:
-read the marks as indicative.
+read the marks as indicative. A mark right after a barrier is nearer the warp's arrival there than
+the barrier's release (the warps' marks after one barrier differ by up to ~700 cycles): a wait at
+a barrier shows up in the warp's next interval (docs/perf-notes.md, "Reading the marks across warps").
 
     GDNKIT_TIMELINE_J0=64 bench_gdnkit --only fixed-b2-t16384 --reps 3 | python3 bench/step_marks.py
 
