@@ -93,12 +93,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
   // the 64-column pairs against the order below). With two, chunk j + 2's right after FULL of
   // chunk j in the walk-list kernels (GDNKIT_FUSED_KQ_FIRST), in walk_chunk's aside otherwise.
   constexpr bool kKqAtEnd = kStoreAtEnd;
-  constexpr bool kKqFirst =
-      !kKqAtEnd && (GDNKIT_FUSED_KQ_FIRST == 1 || GDNKIT_FUSED_KQ_FIRST == 3 ||
-                    (GDNKIT_FUSED_KQ_FIRST == 2 && F::kWalks));
-  // The state thread that issues them there: 128 (warpgroup 1, which waits at the P barrier for
-  // warpgroup 0) in the unsplit kernels with GDNKIT_FUSED_KQ_FIRST=3, else 0.
-  constexpr int kKqTid = GDNKIT_FUSED_KQ_FIRST == 3 && !F::kWalks ? 128 : 0;
+  constexpr bool kKqFirst = !kKqAtEnd && (GDNKIT_FUSED_KQ_FIRST == 1 || (GDNKIT_FUSED_KQ_FIRST == 2 && F::kWalks));
   int o_pending = -1;  // first token of the staged chunk not yet stored (-1: none)
   // Thread 0: the stage of chunk c (its first token o_pending). FusedCopier::o is the same store for
   // the producer warp; calling it here changed this kernel's SASS, which is the one timed.
@@ -211,7 +206,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
         // the O store and V's copy (kKqFirst; the 64-column kernels have copied them already, at the
         // end of step j - 1: kKqAtEnd).
 #if GDNKIT_PROBE_COPIES
-        if (kKqFirst && tid == kKqTid && j >= 1) {
+        if (kKqFirst && tid == 0 && j >= 1) {
           const int a = F::ahead(smem, s)[1];
           if (a >= 0) copy.kq(a, (j + 2) % 3);
         }

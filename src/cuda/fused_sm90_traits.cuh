@@ -28,10 +28,8 @@
 // 1: right after FULL of chunk j, before the O store and V. 2 (default): 1 in the walk-list
 // kernels, 0 in the unsplit 128-column kernel. Against 0 (docs/perf-notes.md, "Step marks; the K
 // and Q copies ahead of the O store"): the splits 2-3.5% faster; in the unsplit 128-column kernel
-// 1 was 4-7% slower. 3: as 2, but the unsplit 128-column kernels issue them right after FULL by
-// state thread 128 (warpgroup 1 waits for warpgroup 0 at the P barrier anyway): on an H100 -1.9%
-// to +0.5% on the 128-column rows (docs/perf-notes.md, "K and Q copied after FULL by warpgroup 1");
-// the aux's wait for K goes, and its record then sets the step alone.
+// 1 was 4-7% slower. (By state thread 128 right after FULL in the unsplit kernel: -2.3% to +1.1%
+// in three H100 runs, removed; docs/perf-notes.md, "K and Q copied after FULL by warpgroup 1".)
 #ifndef GDNKIT_FUSED_KQ_FIRST
 #define GDNKIT_FUSED_KQ_FIRST 2
 #endif
