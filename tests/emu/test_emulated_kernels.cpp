@@ -493,6 +493,33 @@ TEST(Emulated, FusedKernel) {
   }
 }
 
+// The 128-column kernel with one state warpgroup lagging, each in turn, and the tile copies landing
+// at their issue: a K, Q or V copy issued into a stage that the lagging warpgroup still reads, or
+// a barrier that takes the two warpgroups to be together, changes the results.
+TEST(Emulated, FusedWarpgroupLag) {
+  struct Reset {
+    ~Reset() {
+      cuda::g_emu_lag_wg = -1;
+      cuda::g_tma_loads_land_at_issue = GDNKIT_EMU_TMA_LAND_AT_ISSUE != 0;
+    }
+  } reset;
+  cuda::g_tma_loads_land_at_issue = true;
+  int i = 0;
+  for (int w : {0, 1}) {
+    cuda::g_emu_lag_wg = w;
+    Spec s;
+    s.lens = {130, 0, 17, 64, 200, 3};
+    s.Hq = s.Hk = 1;
+    s.Hv = 2;
+    s.dk = 128;
+    s.dv = 128;
+    s.initial_state = true;
+    s.final_state = true;
+    s.seed = 1700 + i++;
+    check(s, kFused, 2);  // three sequences per CTA
+  }
+}
+
 // The 64-column pairs (clusters of two CTAs, fused_paired): both CTAs of a head run at once, each
 // forms every other chunk's record and copies it into the other's stage, and each walk waits for
 // the copies of the chunks it does not form. Every record crosses once: the copies counted equal

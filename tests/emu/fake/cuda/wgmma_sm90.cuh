@@ -167,9 +167,13 @@ inline std::barrier<>& named_barrier(int id, int count) {
 // A lagging walk for the pairs' tests: with g_emu_lag_rank r >= 0, threads 128-255 of the CTA of
 // rank r (its first state warpgroup) sleep before each named barrier and mbarrier wait, so that
 // the other CTA runs as far ahead as the hand-over's barriers let it.
-inline std::atomic<int> g_emu_lag_rank{-1};
+// With g_emu_lag_wg w >= 0, state warpgroup w of every CTA (threads 128 (w + 1) .. + 127) lags the
+// same way: the other state warpgroup runs ahead as far as its barriers let it.
+inline std::atomic<int> g_emu_lag_rank{-1}, g_emu_lag_wg{-1};
 inline void emu_lag() {
-  if (g_emu_lag_rank.load() == static_cast<int>(g_cta->rank) && threadIdx.x >= 128 && threadIdx.x < 256)
+  const int w = g_emu_lag_wg.load();
+  if ((g_emu_lag_rank.load() == static_cast<int>(g_cta->rank) && threadIdx.x >= 128 && threadIdx.x < 256) ||
+      (w >= 0 && static_cast<int>(threadIdx.x) >= 128 * (w + 1) && static_cast<int>(threadIdx.x) < 128 * (w + 2)))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 inline void named_sync(int id, int count) {
@@ -259,6 +263,13 @@ inline void mbar_record(std::uint64_t* bar, TmaCopy&& c) {
   g_tma_pending.emplace_back(bar, std::move(c));
   mbar_settle(ph);
 }
+// With g_tma_loads_land_at_issue a tile copy writes shared memory at its issue instead (as
+// bulk_copy_to_peer's option below), so that a copy issued into a stage that a lagging warp still
+// reads changes what it reads. Built with -DGDNKIT_EMU_TMA_LAND_AT_ISSUE=1 every test runs so.
+#ifndef GDNKIT_EMU_TMA_LAND_AT_ISSUE
+#define GDNKIT_EMU_TMA_LAND_AT_ISSUE 0
+#endif
+inline std::atomic<bool> g_tma_loads_land_at_issue{GDNKIT_EMU_TMA_LAND_AT_ISSUE != 0};
 inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int c0, int c1, int c2) {
   const CUtensorMap& m = *static_cast<const CUtensorMap*>(map_ptr);
   if (reinterpret_cast<std::uintptr_t>(dst) % 1024) { std::fprintf(stderr, "TMA box not 1024-byte aligned\n"); std::abort(); }
@@ -271,6 +282,10 @@ inline void tma_load_3d(void* dst, const void* map_ptr, std::uint64_t* bar, int 
       std::memcpy(c.bytes.data() + swizzle128(r, col / 8) + 2 * (col % 8), src, 2);
     }
   std::lock_guard<std::mutex> lock(g_tma_mutex);
+  if (g_tma_loads_land_at_issue) {
+    std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+    c.landed = true;
+  }
   mbar_record(bar, std::move(c));
 }
 // TMA stores: each is recorded at its issue and performed (shared memory read, global memory
