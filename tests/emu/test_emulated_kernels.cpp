@@ -507,15 +507,8 @@ TEST(Emulated, FusedWarpgroupLag) {
   int i = 0;
   for (int w : {0, 1}) {
     cuda::g_emu_lag_wg = w;
-    Spec s;
-    s.lens = {130, 0, 17, 64, 200, 3};
-    s.Hq = s.Hk = 1;
-    s.Hv = 2;
-    s.dk = 128;
-    s.dv = 128;
-    s.initial_state = true;
-    s.final_state = true;
-    s.seed = 1700 + i++;
+    Spec s = test::split_case({130, 0, 17, 64, 200, 3}, true, 1, 2, 128, 128, 1700 + i++);
+    s.initial_state = s.final_state = true;
     check(s, kFused, 2);  // three sequences per CTA
   }
 }
