@@ -33,7 +33,8 @@
 
 // A measurement aid (results are wrong with it): GDNKIT_WALK_PROBE_OUT skips the step's output side,
 // bit 0 Q S, bit 1 P Vn, bit 2 the O stores (walk_kernel.cuh), to bound what it costs the step. With
-// bit 2 ptxas also drops Q S and P Vn, whose results then feed nothing (docs/perf-notes.md).
+// bit 2 ptxas also drops Q S and P Vn, whose results then feed nothing (docs/perf-notes.md). Bit 3
+// skips K S, to bound what a K S formed a step ahead could take off the step ("K S a step ahead").
 #ifndef GDNKIT_WALK_PROBE_OUT
 #define GDNKIT_WALK_PROBE_OUT 0
 #endif
@@ -297,9 +298,11 @@ struct WgmmaWalk {
       gmma_fence(kf);
       gmma_fence(qf);
       gmma_arrive();
+#if !(GDNKIT_WALK_PROBE_OUT & 8)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
         gmma_rs<T, 16 * NB, false>(kf, sa[kk], gmma_desc_add(dk, gmma_kstep(kk, kChunk)), true);
+#endif
       if constexpr (kQsLate) gmma_commit();  // K S alone: Xt waits for it only
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
