@@ -42,19 +42,8 @@ __device__ __forceinline__ std::uint64_t gmma_desc(const void* smem, std::uint32
 // the low 14 bits of address / 16, which no address inside a CTA's shared memory (< 228 KB)
 // carries out of. One add per product instead of rebuilding the descriptor from the address
 // (five to twelve instructions per wgmma, issued by every warp of the warpgroup).
-// (GDNKIT_DESC_ADD32, to measure: the add on the descriptor's low word alone, which the field never
-// carries out of.)
 __device__ __forceinline__ std::uint64_t gmma_desc_add(std::uint64_t desc, std::uint32_t bytes) {
-#if GDNKIT_DESC_ADD32
-  std::uint32_t lo, hi;
-  asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(desc));
-  lo += bytes >> 4;
-  std::uint64_t r;
-  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo), "r"(hi));
-  return r;
-#else
   return desc + (bytes >> 4);
-#endif
 }
 // The byte offset of the kk-th 16-column step of a K-major tile of 64-column swizzled blocks of
 // `rows` rows (the step's block, then 32 bytes per step within it).
