@@ -43,6 +43,16 @@ __device__ __forceinline__ int walk_opaque(int x) {
   return x;
 }
 
+// walk_chunk's aside where F::kKAhead: the walk calls q_retired() once the step's Q S has retired, and
+// the state warpgroup then tells the producer that chunk j's Q stage is free (kBarQ + j % 2).
+template <class F, class Fn>
+struct FusedQFree {
+  Fn& fn;
+  int j;
+  __device__ __forceinline__ void operator()() { fn(); }
+  __device__ __forceinline__ void q_retired() const { named_arrive(F::kBarQ + j % 2, 128 + 32); }
+};
+
 // The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
 // sequence, or in the walk-list variant an entry of p.walks), empty ones included (their final
 // state is the start one).
@@ -238,7 +248,12 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       if constexpr (F::kKsEarly) {
         if (!ks_early) after_full();
 #if GDNKIT_PROBE_COPIES
-        else mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q (as the aux waits)
+        else if constexpr (F::kKAhead) {  // this chunk's K and Q (as the aux waits)
+          mbar_wait(F::k_bar_of(smem, j), F::k_phase(j));
+          mbar_wait(F::q_bar_of(smem, j), F::q_phase(j));
+        } else {
+          mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);
+        }
 #endif
       } else {
         after_full();
@@ -248,8 +263,9 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           if (ks_early) after_full();
         aside();
       };
-      const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
-                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
+      const WalkStage<T> S{nullptr, F::kKAhead ? F::k_of(smem, j) : F::kq(smem, j % 3), rec, F::v(smem, j % 2),
+                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s),
+                           F::kKAhead ? F::q_of(smem, j) : nullptr};
       // A map CTA's "o" rows (the start state's share of o) go to map_o in the correction's
       // fragment order (map_o_piece; walk_chunk's negative o_token). Recomputed per chunk from the
       // parameters (opaque: not held in registers across the walk).
@@ -269,8 +285,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
                                          : nullptr;
       const auto walk = [&](auto& a) {
 #if GDNKIT_FUSED_PROBE_SKIP == 2
-        if (nrows > 0) a();
-        else
+        if (nrows > 0) {
+          a();
+          if constexpr (F::kKAhead) a.q_retired();
+        } else
 #endif
         switch ((nrows + 15) / 16) {
           case 4: walk_chunk<W, 4, true>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a, o_stage); break;
@@ -279,7 +297,10 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
         }
       };
-      if constexpr (!F::kPBarrierLate) {
+      if constexpr (F::kKAhead) {
+        FusedQFree<F, decltype(walk_aside)> qfree{walk_aside, j};
+        walk(qfree);
+      } else if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};
