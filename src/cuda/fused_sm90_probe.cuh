@@ -8,7 +8,7 @@
 // GDNKIT_FUSED_PROBE_NO_VWAIT 1: the state warpgroups neither wait for V's copy nor, before issuing
 // it, for the previous O store's reads of its stage (results wrong).
 // GDNKIT_FUSED_PROBE_AUX_NO_KWAIT 1: the aux forms each record without waiting for its chunk's K and
-// Q copy (as if they had always landed by EMPTY; results wrong): the bound of copying K earlier.
+// Q copy, as if they had landed by EMPTY (results wrong): what copying them earlier could take off.
 // What a GDNKIT_FUSED_PROBE_SKIP build keeps (both 1 without it).
 #define GDNKIT_PROBE_RECORDS (GDNKIT_FUSED_PROBE_SKIP != 1 && GDNKIT_FUSED_PROBE_SKIP != 4)
 #define GDNKIT_PROBE_COPIES (GDNKIT_FUSED_PROBE_SKIP != 3 && GDNKIT_FUSED_PROBE_SKIP != 4)
