@@ -28,8 +28,12 @@ struct FusedCopier {
     }
   }
   // With F::kKAhead, chunk n's K and its Q apart (F::k_of, F::q_of), each with its own mbarrier.
-  __device__ void k(int c0, int n) const { one(c0, F::k_of(smem, n), F::k_bar_of(smem, n), &fp.k, fp.p.k_group); }
-  __device__ void q(int c0, int n) const { one(c0, F::q_of(smem, n), F::q_bar_of(smem, n), &fp.q, fp.p.q_group); }
+  __device__ void k(int c0, int n) const {
+    one(c0, F::k_of(smem, n), F::k_bar_of(smem, n), &fp.k, fp.p.k_group);
+  }
+  __device__ void q(int c0, int n) const {
+    one(c0, F::q_of(smem, n), F::q_bar_of(smem, n), &fp.q, fp.p.q_group);
+  }
   __device__ void one(int c0, unsigned char* d, std::uint64_t* bar, const CUtensorMap* map, int group) const {
     const int h = blockIdx.y;
     mbar_expect_tx(bar, static_cast<std::uint32_t>(F::Walk::k_bytes));

@@ -206,7 +206,8 @@ struct FusedSm90 {
   // and release (fused_paired).
   static constexpr int kKqBars = kKAhead ? 7 : 3;
   static constexpr std::size_t off_bar = off_ahead + kRecStages * 4 * 4;
-  static constexpr std::size_t smem_bytes = off_bar + (kKqBars + 2 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
+  static constexpr std::size_t smem_bytes =
+      off_bar + (kKqBars + 2 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
   static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
   // What a pair shares: Mt hi and lo; with kAuxP also P, gam and dec (the whole record: the aux then
   // skips the peer's chunks).
@@ -236,7 +237,9 @@ struct FusedSm90 {
   }
   __device__ static std::uint64_t* k_bar_of(unsigned char* smem, int n) { return kq_bar(smem, n % kKStages); }
   __device__ static int k_phase(int n) { return (n / kKStages) & 1; }
-  __device__ static std::uint64_t* q_bar_of(unsigned char* smem, int n) { return kq_bar(smem, (kKAhead ? 4 : 0) + n % 3); }
+  __device__ static std::uint64_t* q_bar_of(unsigned char* smem, int n) {
+    return kq_bar(smem, (kKAhead ? 4 : 0) + n % 3);
+  }
   __device__ static int q_phase(int n) { return (n / 3) & 1; }
   __device__ static std::uint64_t* v_bar(unsigned char* smem, int s) {
     return reinterpret_cast<std::uint64_t*>(smem + off_bar) + kKqBars + s;
