@@ -34,12 +34,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
     if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 or the producer)
       ChunkPos c = cur;  // (with F::kKqFirst, chunk 0's K and Q: fused_later_first_copies)
       for (int k = 0; k < (F::kKqFirst ? 1 : 3) && chunks.valid(c); ++k, c = chunks.next(c)) {
-        if constexpr (F::kKAhead) {
-          copy.k(c.c0, k);
-          copy.q(c.c0, k);
-        } else {
-          copy.kq(c.c0, k);
-        }
+        copy.first_kq(c.c0, k);
         if (k < 2 && !F::kKqFirst) copy.v(c.c0, k);
       }
     }
@@ -78,12 +73,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
       probe.mark();
 #if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_AUX_NO_KWAIT
-      if constexpr (F::kKAhead) {  // this chunk's K and Q
-        mbar_wait(F::k_bar_of(smem, j), F::k_phase(j));
-        mbar_wait(F::q_bar_of(smem, j), F::q_phase(j));
-      } else {
-        mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);
-      }
+      F::wait_kq(smem, j);  // this chunk's K and Q
 #endif
       probe.mark();
       if (nrows < C) {

@@ -27,6 +27,15 @@ struct FusedCopier {
       tma_load_3d(d + F::Walk::k_bytes + b * (kChunk * 128), &fp.q, bar, 64 * b, c0, h / fp.p.q_group);
     }
   }
+  // K and Q of one of the first three chunks (n < 3: its stage is n), with F::kKAhead apart.
+  __device__ void first_kq(int c0, int n) const {
+    if constexpr (F::kKAhead) {
+      k(c0, n);
+      q(c0, n);
+    } else {
+      kq(c0, n);
+    }
+  }
   // With F::kKAhead, chunk n's K and its Q apart (F::k_of, F::q_of), each with its own mbarrier.
   __device__ void k(int c0, int n) const {
     one(c0, F::k_of(smem, n), F::k_bar_of(smem, n), &fp.k, fp.p.k_group);
@@ -91,12 +100,7 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
     if constexpr (F::kKAhead) mbar_wait(F::q_bar_of(smem, 0), 0);
     copy.v(c[0].c0, 0);
     for (int k = 1; k < 3 && chunks.valid(c[k]); ++k) {
-      if constexpr (F::kKAhead) {
-        copy.k(c[k].c0, k);
-        copy.q(c[k].c0, k);
-      } else {
-        copy.kq(c[k].c0, k);
-      }
+      copy.first_kq(c[k].c0, k);
       if (k < 2) copy.v(c[k].c0, k);
     }
     if constexpr (F::kKAhead)

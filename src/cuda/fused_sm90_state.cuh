@@ -248,12 +248,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       if constexpr (F::kKsEarly) {
         if (!ks_early) after_full();
 #if GDNKIT_PROBE_COPIES
-        else if constexpr (F::kKAhead) {  // this chunk's K and Q (as the aux waits)
-          mbar_wait(F::k_bar_of(smem, j), F::k_phase(j));
-          mbar_wait(F::q_bar_of(smem, j), F::q_phase(j));
-        } else {
-          mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);
-        }
+        else F::wait_kq(smem, j);  // this chunk's K and Q (as the aux waits)
 #endif
       } else {
         after_full();

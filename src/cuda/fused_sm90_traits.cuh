@@ -241,6 +241,15 @@ struct FusedSm90 {
     return kq_bar(smem, (kKAhead ? 4 : 0) + n % 3);
   }
   __device__ static int q_phase(int n) { return (n / 3) & 1; }
+  // Waits until chunk n's K and Q have landed.
+  __device__ static void wait_kq(unsigned char* smem, int n) {
+    if constexpr (kKAhead) {
+      mbar_wait(k_bar_of(smem, n), k_phase(n));
+      mbar_wait(q_bar_of(smem, n), q_phase(n));
+    } else {
+      mbar_wait(kq_bar(smem, n % 3), (n / 3) & 1);
+    }
+  }
   __device__ static std::uint64_t* v_bar(unsigned char* smem, int s) {
     return reinterpret_cast<std::uint64_t*>(smem + off_bar) + kKqBars + s;
   }
