@@ -4,8 +4,9 @@
 Reads `cuobjdump -sass -fun SYMBOL BINARY` output (stdin or the files named) and prints, per input,
 the HGMMA count, the instructions in total, and over every pair of consecutive HGMMA at most 12
 instructions apart: the instructions between them and how many of those are UIADD3.X, UMOV and
-UIADD3.64. The 64-column pairs' step is sensitive to those gaps: a descriptor add split into
-UIADD3 + UIADD3.X + UMOV cost the pairs 5-6% (docs/perf-notes.md, "K one step further ahead").
+UIADD3.64. A description of the code, not a predictor of its speed: every descriptor add on its
+low word raised the pair kernel's score and cost the pairs 5-6%, but a lower score (every add one
+UIADD3.64) came out 2% slower (docs/perf-notes.md, "K ahead timed").
 
     cuobjdump -sass -fun '_ZN6gdnkit4cuda16gdn_fused_kernelI13__nv_bfloat16Li128ELi64ELb0ELb1ELb0EEEvNS0_11FusedParamsE' \\
         build/bench_gdnkit > pairs.sass

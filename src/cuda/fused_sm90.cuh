@@ -36,8 +36,7 @@
 // walk-list 64-column kernels keep 255 in both warpgroups.
 //
 // Shared memory rings: K+Q in three stages (chunk c is read by the aux for its record while the
-// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile; with
-// GDNKIT_FUSED_K_AHEAD the pairs' K in four and Q in three, apart, F::kKAhead), V in two
+// walk runs chunk c - 1, then by the walk; chunk c + 1's copies are in flight meanwhile), V in two
 // (a full chunk's V stage then holds its O for a TMA store), the record (and its gates) in
 // R = F::kRecStages = 3 (the unsplit 128-column kernel: 2 with GDNKIT_FUSED_REC_STAGES=2), P in
 // one buffer (in the record stages with kAuxP); mbarriers track the copies. Named barriers:
@@ -93,7 +92,7 @@ __device__ __forceinline__ void fused_cta(const FusedParams& fp) {
     tma_prefetch(&fp.k);
     tma_prefetch(&fp.q);
     tma_prefetch(&fp.v);
-    for (int s = 0; s < F::kKqBars; ++s) mbar_init(F::kq_bar(smem, s), 1);
+    for (int s = 0; s < 3; ++s) mbar_init(F::kq_bar(smem, s), 1);
     for (int s = 0; s < 2; ++s) mbar_init(F::v_bar(smem, s), 1);
     for (int s = 0; s < F::kRecStages; ++s) {
       mbar_init(F::rec_full_bar(smem, s), 1);

@@ -34,7 +34,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
     if (tid == 0) {  // K and Q of chunks 0-2, V of chunks 0-1 (then state thread 0 or the producer)
       ChunkPos c = cur;  // (with F::kKqFirst, chunk 0's K and Q: fused_later_first_copies)
       for (int k = 0; k < (F::kKqFirst ? 1 : 3) && chunks.valid(c); ++k, c = chunks.next(c)) {
-        copy.first_kq(c.c0, k);
+        copy.kq(c.c0, k);
         if (k < 2 && !F::kKqFirst) copy.v(c.c0, k);
       }
     }
@@ -73,16 +73,11 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       const std::uint32_t gb_next = more ? load_gate_beta_bits(p, nxt.c0, nxt.nrows(), h, tid) : 0u;
       probe.mark();
 #if GDNKIT_PROBE_COPIES && !GDNKIT_FUSED_PROBE_AUX_NO_KWAIT
-      F::wait_kq(smem, j);  // this chunk's K and Q
+      mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q
 #endif
       probe.mark();
       if (nrows < C) {
-        if constexpr (F::kKAhead) {
-          zero_tile_rows(F::k_of(smem, j), DK / 64, nrows, C, tid);
-          zero_tile_rows(F::q_of(smem, j), DK / 64, nrows, C, tid);
-        } else {
-          zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, C, tid);
-        }
+        zero_tile_rows(F::kq(smem, j % 3), 2 * (DK / 64), nrows, C, tid);
         gmma_smem_fence();  // the zero rows, before wgmma reads them (only here: the fence waits
                             // for this thread's outstanding loads, the next chunk's gates)
       }
@@ -100,8 +95,7 @@ __device__ __forceinline__ void fused_aux(const FusedParams& fp, unsigned char* 
       // 13.0 keeps the kernel's wgmma unserialized.) Otherwise it forms Mt where the chunk is its
       // own (always with kAuxP, said as a constant so that the path without Mt is not compiled).
       if (!(F::kAuxP && pair.from_peer(j))) {
-        fused_record<F>(F::kKAhead ? F::k_of(smem, j) : F::kq(smem, j % 3), F::kKAhead ? F::q_of(smem, j) : nullptr,
-                        F::rec(smem, j % R), smem,
+        fused_record<F>(F::kq(smem, j % 3), F::rec(smem, j % R), smem,
                         reinterpret_cast<float*>(smem + F::off_gates + (j % R) * F::gates_bytes),
                         gate_beta_value(p, gb_cur, tid), nrows, tid, probe, F::kAuxP || !pair.from_peer(j),
                         p.scale);

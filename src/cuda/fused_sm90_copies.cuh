@@ -27,27 +27,6 @@ struct FusedCopier {
       tma_load_3d(d + F::Walk::k_bytes + b * (kChunk * 128), &fp.q, bar, 64 * b, c0, h / fp.p.q_group);
     }
   }
-  // K and Q of one of the first three chunks (n < 3: its stage is n), with F::kKAhead apart.
-  __device__ void first_kq(int c0, int n) const {
-    if constexpr (F::kKAhead) {
-      k(c0, n);
-      q(c0, n);
-    } else {
-      kq(c0, n);
-    }
-  }
-  // With F::kKAhead, chunk n's K and its Q apart (F::k_of, F::q_of), each with its own mbarrier.
-  __device__ void k(int c0, int n) const {
-    one(c0, F::k_of(smem, n), F::k_bar_of(smem, n), &fp.k, fp.p.k_group);
-  }
-  __device__ void q(int c0, int n) const {
-    one(c0, F::q_of(smem, n), F::q_bar_of(smem, n), &fp.q, fp.p.q_group);
-  }
-  __device__ void one(int c0, unsigned char* d, std::uint64_t* bar, const CUtensorMap* map, int group) const {
-    const int h = blockIdx.y;
-    mbar_expect_tx(bar, static_cast<std::uint32_t>(F::Walk::k_bytes));
-    for (int b = 0; b < F::DK / 64; ++b) tma_load_3d(d + b * (kChunk * 128), map, bar, 64 * b, c0, h / group);
-  }
   __device__ void v(int c0, int s) const {
     unsigned char* const d = reinterpret_cast<unsigned char*>(F::v(smem, s));
     std::uint64_t* const bar = F::v_bar(smem, s);
@@ -79,9 +58,6 @@ struct FusedCopier {
 // cursor gives the positions (the state warpgroup's come from the aux, F::ahead). Two barrier ids
 // in turn: the state reaches step j + 2's end only after its wait for V of chunk j + 2, copied past
 // this wait of step j (so the probe builds that drop the state's V wait are refused below).
-// With F::kKAhead, chunk j + 3's Q once step j's Q S has retired (kBarQ + j % 2: the same argument
-// for its two ids), and chunk j + 4's K at the step's end: K and Q have landed by the time the aux
-// starts their record (EMPTY of chunk j, three chunks earlier).
 template <class F>
 __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned char* smem, const int* order, int lane) {
 #if !GDNKIT_PROBE_COPIES || GDNKIT_FUSED_PROBE_NO_VWAIT
@@ -89,41 +65,26 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
 #endif
   const ChunkCursor<F::kWalks> chunks{fp.p, order};
   const FusedCopier<F> copy{fp, smem};
-  constexpr int NC = F::kKAhead ? 5 : 4;
-  ChunkPos c[NC];  // chunks j .. j + NC - 1 (past the end: !valid)
+  ChunkPos c[4];  // chunks j .. j + 3 (past the end: !valid)
   c[0] = chunks.first();
   if (!chunks.valid(c[0])) return;
-  for (int k = 1; k < NC; ++k) c[k] = chunks.valid(c[k - 1]) ? chunks.next(c[k - 1]) : c[k - 1];
+  for (int k = 1; k < 4; ++k) c[k] = chunks.valid(c[k - 1]) ? chunks.next(c[k - 1]) : c[k - 1];
 #if GDNKIT_PROBE_COPIES
   if (lane == 0) {
-    mbar_wait(F::k_bar_of(smem, 0), 0);
-    if constexpr (F::kKAhead) mbar_wait(F::q_bar_of(smem, 0), 0);
+    mbar_wait(F::kq_bar(smem, 0), 0);
     copy.v(c[0].c0, 0);
     for (int k = 1; k < 3 && chunks.valid(c[k]); ++k) {
-      copy.first_kq(c[k].c0, k);
+      copy.kq(c[k].c0, k);
       if (k < 2) copy.v(c[k].c0, k);
     }
-    if constexpr (F::kKAhead)
-      if (chunks.valid(c[3])) copy.k(c[3].c0, 3);
   }
 #endif
   for (int j = 0;; ++j) {
-    if constexpr (F::kKAhead) {
-      __syncwarp();
-      named_sync(F::kBarQ + j % 2, 128 + 32);
-#if GDNKIT_PROBE_COPIES
-      if (lane == 0 && chunks.valid(c[3])) copy.q(c[3].c0, j + 3);
-#endif
-    }
     __syncwarp();  // lane 0's copies above: the warp meets the barrier converged (bar.sync is aligned)
     named_sync(F::kBarProd + j % 2, 128 + 32);
 #if GDNKIT_PROBE_COPIES
     if (lane == 0) {
-      if constexpr (F::kKAhead) {
-        if (chunks.valid(c[4])) copy.k(c[4].c0, j + 4);
-      } else if (chunks.valid(c[3])) {
-        copy.kq(c[3].c0, j % 3);
-      }
+      if (chunks.valid(c[3])) copy.kq(c[3].c0, j % 3);
       if (c[0].nrows() == kChunk) copy.o(c[0].c0, j % 2);  // O staged in chunk j's V stage
       if (chunks.valid(c[2])) {
         bulk_wait_read<0>();
@@ -133,8 +94,7 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
 #endif
     if (!chunks.valid(c[1])) break;
     c[0] = c[1], c[1] = c[2], c[2] = c[3];
-    if constexpr (F::kKAhead) c[3] = c[4];
-    if (chunks.valid(c[NC - 1])) c[NC - 1] = chunks.next(c[NC - 1]);
+    if (chunks.valid(c[3])) c[3] = chunks.next(c[3]);
   }
   if (lane == 0) bulk_wait<0>();  // no store in flight at exit
 }

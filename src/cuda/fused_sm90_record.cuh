@@ -41,17 +41,17 @@ __device__ __forceinline__ void publish_gates(float* gs, unsigned char* rec, int
   named_sync(F::kBarAux, 128);
 }
 
-// The record of one chunk (rows [0, nrows) valid) from its staged K (kq), Q (qt; read with kAuxP)
-// and the thread's gate or beta value (load_gate_beta; staged in `gates`), by the aux warpgroup
-// (tid < 128), into rec: Mt hi, Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in
-// rows past the valid row blocks: the blocks right of the diagonal zero since zero_record_tiles),
-// gam and dec; and G log2(e) into `gates` for fused_p. With kAuxP also P, scaled by `scale`, into
-// the record stage. The caller's copies of K (and Q) have landed; this starts with an aux barrier.
+// The record of one chunk (rows [0, nrows) valid) from its staged K (kq) and the thread's gate or
+// beta value (load_gate_beta; staged in `gates`), by the aux warpgroup (tid < 128), into rec: Mt hi,
+// Mt lo as swizzled 64 x 64 tiles (zeros above the diagonal and in rows past the valid row blocks:
+// the blocks right of the diagonal zero since zero_record_tiles), gam and dec; and G log2(e) into
+// `gates` for fused_p. With kAuxP also P, scaled by `scale`, into the
+// record stage. The caller's copies of K (and Q) have landed; this starts with an aux barrier.
 // With mt false only G, gam and dec: the other CTA of a pair forms Mt (fused_paired).
 template <class F>
-__device__ __forceinline__ void fused_record(const unsigned char* kq, const unsigned char* qt, unsigned char* rec,
-                                             unsigned char* smem, float* gates, float gate_beta, int nrows,
-                                             int tid, FusedProbe& probe, bool mt, float scale) {
+__device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned char* rec, unsigned char* smem,
+                                             float* gates, float gate_beta, int nrows, int tid, FusedProbe& probe,
+                                             bool mt, float scale) {
   using T = typename F::T;
   constexpr int DK = F::DK;
   constexpr int LDA = F::LDA;
@@ -92,7 +92,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, const unsi
     gmma_ss<T, 64>(kkt, d, d, kk > 0);
   }
   if constexpr (kPWithA) {
-    const std::uint64_t dq = fused_kdesc(F::kKAhead ? qt : kq + F::Walk::k_bytes);
+    const std::uint64_t dq = fused_kdesc(kq + F::Walk::k_bytes);
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk)
       gmma_ss<T, 64>(qkt, gmma_desc_add(dq, gmma_kstep(kk, kChunk)), gmma_desc_add(dk, gmma_kstep(kk, kChunk)),
@@ -215,7 +215,7 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, const unsi
     put_pair(16 * I + g, c, o[0] * bc.x, o[1] * bc.y);
     put_pair(16 * I + g + 8, c, o[2] * bc.x, o[3] * bc.y);
   };
-  invert_unit_lower<LDA, F::LDR, kDiagPairs, F::kBlockSolve, F::kKeepTl>(
+  invert_unit_lower<LDA, F::LDR, kDiagPairs, F::kBlockSolve>(
       At, Tl, reinterpret_cast<float*>(smem + F::off_r), nb, warp, lane,
       [&] {
         named_sync(F::kBarAux, 128);

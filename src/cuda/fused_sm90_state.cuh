@@ -43,16 +43,6 @@ __device__ __forceinline__ int walk_opaque(int x) {
   return x;
 }
 
-// walk_chunk's aside where F::kKAhead: the walk calls q_retired() once the step's Q S has retired, and
-// the state warpgroup then tells the producer that chunk j's Q stage is free (kBarQ + j % 2).
-template <class F, class Fn>
-struct FusedQFree {
-  Fn& fn;
-  int j;
-  __device__ __forceinline__ void operator()() { fn(); }
-  __device__ __forceinline__ void q_retired() const { named_arrive(F::kBarQ + j % 2, 128 + 32); }
-};
-
 // The state warpgroups (tid = thread index among their 256): every walk in the CTA's list (a
 // sequence, or in the walk-list variant an entry of p.walks), empty ones included (their final
 // state is the start one).
@@ -248,7 +238,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
       if constexpr (F::kKsEarly) {
         if (!ks_early) after_full();
 #if GDNKIT_PROBE_COPIES
-        else F::wait_kq(smem, j);  // this chunk's K and Q (as the aux waits)
+        else mbar_wait(F::kq_bar(smem, j % 3), (j / 3) & 1);  // this chunk's K and Q (as the aux waits)
 #endif
       } else {
         after_full();
@@ -258,9 +248,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           if (ks_early) after_full();
         aside();
       };
-      const WalkStage<T> S{nullptr, F::kKAhead ? F::k_of(smem, j) : F::kq(smem, j % 3), rec, F::v(smem, j % 2),
-                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s),
-                           F::kKAhead ? F::q_of(smem, j) : nullptr};
+      const WalkStage<T> S{nullptr, F::kq(smem, j % 3), rec, F::v(smem, j % 2),
+                           reinterpret_cast<const float*>(rec + F::rec_gam), F::p_tile(smem, s)};
       // A map CTA's "o" rows (the start state's share of o) go to map_o in the correction's
       // fragment order (map_o_piece; walk_chunk's negative o_token). Recomputed per chunk from the
       // parameters (opaque: not held in registers across the walk).
@@ -280,10 +269,8 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
                                          : nullptr;
       const auto walk = [&](auto& a) {
 #if GDNKIT_FUSED_PROBE_SKIP == 2
-        if (nrows > 0) {
-          a();
-          if constexpr (F::kKAhead) a.q_retired();
-        } else
+        if (nrows > 0) a();
+        else
 #endif
         switch ((nrows + 15) / 16) {
           case 4: walk_chunk<W, 4, true>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a, o_stage); break;
@@ -292,10 +279,7 @@ __device__ __forceinline__ void fused_state(const FusedParams& fp, unsigned char
           default: walk_chunk<W, 1>(st, S, l, zero_state, orows, p.scale, orow0, o_token, a); break;
         }
       };
-      if constexpr (F::kKAhead) {
-        FusedQFree<F, decltype(walk_aside)> qfree{walk_aside, j};
-        walk(qfree);
-      } else if constexpr (!F::kPBarrierLate) {
+      if constexpr (!F::kPBarrierLate) {
         walk(walk_aside);
       } else {
         FusedLateP<F, decltype(walk_aside)> late{walk_aside};

@@ -64,16 +64,6 @@
 #ifndef GDNKIT_FUSED_KS_EARLY
 #define GDNKIT_FUSED_KS_EARLY 1
 #endif
-// GDNKIT_FUSED_K_AHEAD (kKAhead below): in the pairs (kAuxP with the producer and the block solve)
-// K in a ring of four stages and Q in one of three, each stage with its own mbarrier, so that a
-// record's K and Q have landed by the time its record stage frees (EMPTY): the producer copies chunk
-// j + 4's K at the end of step j and chunk j + 3's Q once step j's Q S has retired (kBarQ). Tl, which
-// the block solve never reads, gives its shared memory to the fourth K stage. 0 (default) until
-// timed: bounded at 4-5% of the pairs' step (GDNKIT_FUSED_PROBE_AUX_NO_KWAIT); a first form was 3-7%
-// slower through the walk's Q descriptor (docs/perf-notes.md, "K one step further ahead").
-#ifndef GDNKIT_FUSED_K_AHEAD
-#define GDNKIT_FUSED_K_AHEAD 0
-#endif
 
 namespace gdnkit::cuda {
 
@@ -124,20 +114,7 @@ struct FusedSm90 {
   // K S and Q S before FULL (GDNKIT_FUSED_KS_EARLY): where P is the aux's (no wgmma between FULL and
   // the walk's K S wait).
   static constexpr bool kKsEarly = kAuxP_ && GDNKIT_FUSED_KS_EARLY != 0;
-  // K a step further ahead (GDNKIT_FUSED_K_AHEAD): K and Q in rings of their own. Not in the step
-  // marks' builds, whose shared arrays (walk_kernel.cuh) do not fit beside the fourth K stage.
-#ifdef GDNKIT_STEP_MARKS
-  static constexpr bool kMarksBuild = true;
-#else
-  static constexpr bool kMarksBuild = false;
-#endif
-  static constexpr bool kKAhead =
-      kProducer && kAuxP_ && kBlockSolve && GDNKIT_FUSED_K_AHEAD != 0 && !kMarksBuild;
-  static constexpr int kKStages = kKAhead ? 4 : 3;  // (Q: 3)
-  // Tl (the inverse's blocks left of the diagonal, fp32): written by its block strips, read by none
-  // under the block solve. Dropped where K is ahead (elsewhere level: docs/perf-notes.md).
-  static constexpr bool kKeepTl = !kKAhead;
-  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve, kKAhead> {
+  struct Walk : WgmmaWalk<T, DK, kStateWarpgroups, kBlockSolve> {
     static constexpr bool kVSwizzled = true;
     static constexpr bool kVOneOffset = kWalks;  // V's ldmatrix offsets (walk_chunk)
   };
@@ -171,10 +148,7 @@ struct FusedSm90 {
   static constexpr int kBarDiag = kBarP + 1;
   // kBarProd + j % 2: the state warpgroup is done with step j (kProducer; fused_producer).
   static constexpr int kBarProd = kBarDiag + 2;
-  // kBarQ + j % 2: the state warpgroup's Q S of step j has retired (kKAhead: the producer then copies
-  // chunk j + 3's Q into chunk j's Q stage).
-  static constexpr int kBarQ = kBarProd + 2;
-  static_assert(kBarQ + 1 < 16, "hardware named barriers");
+  static_assert(kBarProd + 1 < 16, "hardware named barriers");
 
   static constexpr std::size_t kq_bytes = 2 * Walk::k_bytes;  // K, then Q
   static constexpr std::size_t m_bytes = Walk::m_bytes;       // one swizzled 64 x 64 tile
@@ -182,10 +156,8 @@ struct FusedSm90 {
   static constexpr std::size_t rec_bytes =
       (rec_gam + 2 * kChunk * 4 + kSwizzleAtomBytes - 1) / kSwizzleAtomBytes * kSwizzleAtomBytes;
   static constexpr std::size_t v_bytes = std::size_t(DVB / 64) * kChunk * 128;
-  // 3 stages of K and Q (with kKAhead 4 of K, then 3 of Q), then kRecStages record stages.
-  static constexpr std::size_t kq_region = kKAhead ? 7 * Walk::k_bytes : 3 * kq_bytes;
-  static constexpr std::size_t off_kq = 0;
-  static constexpr std::size_t off_rec = kq_region;
+  static constexpr std::size_t off_kq = 0;                               // 3 stages
+  static constexpr std::size_t off_rec = off_kq + 3 * kq_bytes;          // kRecStages stages
   // P of the chunk being walked: one buffer, formed by the state warpgroups after FULL of its chunk,
   // which every state thread reaches only once its previous step (and that step's reads of P) is done.
   // (With kAuxP, P is in the record stages instead.)
@@ -193,8 +165,7 @@ struct FusedSm90 {
   static constexpr std::size_t off_v = off_p + (kAuxP ? 0 : m_bytes);   // 2 stages
   static constexpr std::size_t off_at = off_v + 2 * v_bytes;             // A, then Tu's diagonal blocks
   static constexpr std::size_t off_tl = off_at + align128(std::size_t(kChunk) * LDA * 4);  // Tu rows 16..63
-  // (kKAhead: no Tl, which the block solve's inverse does not keep: invert_unit_lower's kTl.)
-  static constexpr std::size_t off_r = off_tl + (kKeepTl ? align128(std::size_t(kChunk - 16) * LDA * 4) : 0);
+  static constexpr std::size_t off_r = off_tl + align128(std::size_t(kChunk - 16) * LDA * 4);
   // Per record stage: the gates as loaded, their cumsum G, beta (64 fp32 each), so that the next
   // records' gates are stored while the walk's fused_p still reads this chunk's G.
   static constexpr std::size_t off_gates = off_r + align128(std::size_t(4) * 16 * LDR * 4);
@@ -202,12 +173,9 @@ struct FusedSm90 {
   static constexpr std::size_t off_order = off_gates + kRecStages * gates_bytes;  // longest-first ranks
   // Per record stage: the first tokens of the next three chunks (-1: none), for state thread 0's copies.
   static constexpr std::size_t off_ahead = off_order + kWalkOrderBytes;
-  // mbarriers: K+Q x 3 (kKAhead: K x 4, Q x 3), V x 2, and per record stage a CTA pair's copy landing
-  // and release (fused_paired).
-  static constexpr int kKqBars = kKAhead ? 7 : 3;
+  // mbarriers: K+Q x 3, V x 2, and per record stage a CTA pair's copy landing and release (fused_paired).
   static constexpr std::size_t off_bar = off_ahead + kRecStages * 4 * 4;
-  static constexpr std::size_t smem_bytes =
-      off_bar + (kKqBars + 2 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
+  static constexpr std::size_t smem_bytes = off_bar + (5 + 2 * kRecStages) * 8 + kSwizzleAtomBytes;  // + alignment
   static_assert(smem_bytes <= 227 * 1024, "an H100/H200 CTA's shared memory");
   // What a pair shares: Mt hi and lo; with kAuxP also P, gam and dec (the whole record: the aux then
   // skips the peer's chunks).
@@ -228,36 +196,14 @@ struct FusedSm90 {
   __device__ static std::uint64_t* kq_bar(unsigned char* smem, int s) {
     return reinterpret_cast<std::uint64_t*>(smem + off_bar) + s;
   }
-  // Chunk n's K and Q tiles and their mbarriers and phases (with kKAhead in rings of their own).
-  __device__ static unsigned char* k_of(unsigned char* smem, int n) {
-    return kKAhead ? smem + off_kq + (n % 4) * Walk::k_bytes : kq(smem, n % 3);
-  }
-  __device__ static unsigned char* q_of(unsigned char* smem, int n) {
-    return kKAhead ? smem + off_kq + (4 + n % 3) * Walk::k_bytes : kq(smem, n % 3) + Walk::k_bytes;
-  }
-  __device__ static std::uint64_t* k_bar_of(unsigned char* smem, int n) { return kq_bar(smem, n % kKStages); }
-  __device__ static int k_phase(int n) { return (n / kKStages) & 1; }
-  __device__ static std::uint64_t* q_bar_of(unsigned char* smem, int n) {
-    return kq_bar(smem, (kKAhead ? 4 : 0) + n % 3);
-  }
-  __device__ static int q_phase(int n) { return (n / 3) & 1; }
-  // Waits until chunk n's K and Q have landed.
-  __device__ static void wait_kq(unsigned char* smem, int n) {
-    if constexpr (kKAhead) {
-      mbar_wait(k_bar_of(smem, n), k_phase(n));
-      mbar_wait(q_bar_of(smem, n), q_phase(n));
-    } else {
-      mbar_wait(kq_bar(smem, n % 3), (n / 3) & 1);
-    }
-  }
   __device__ static std::uint64_t* v_bar(unsigned char* smem, int s) {
-    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + kKqBars + s;
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 3 + s;
   }
   __device__ static std::uint64_t* rec_full_bar(unsigned char* smem, int s) {
-    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + kKqBars + 2 + s;
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 5 + s;
   }
   __device__ static std::uint64_t* rec_free_bar(unsigned char* smem, int s) {
-    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + kKqBars + 2 + kRecStages + s;
+    return reinterpret_cast<std::uint64_t*>(smem + off_bar) + 5 + kRecStages + s;
   }
 };
 

@@ -261,7 +261,7 @@ __device__ __forceinline__ void chunk_cumsum(const float* gs, int lane, float& g
 // One strip of the inverse's block rows (invert_unit_lower, step 2): columns [8 nt, 8 nt + 8) of
 // Tu_IJ = -Tu_II R_J, R_J = sum_{J <= M < I} A_IM Tu_MJ, into Tl and emit_block (R through the
 // warp's scratch Rw into B fragments).
-template <int LDA, int LDR, bool kTl = true, class EmitBlock>
+template <int LDA, int LDR, class EmitBlock>
 __device__ __forceinline__ void block_strip(const float* At, float* Tl, float* Rw, int I, int J, int nt, int g, int t,
                                             EmitBlock& emit_block) {
   auto tu_block = [&](int M) -> const float* {  // Tu_MJ, ld LDA
@@ -294,11 +294,9 @@ __device__ __forceinline__ void block_strip(const float* At, float* Tl, float* R
 #pragma unroll
   for (int e = 0; e < 4; ++e) o[e] = -o[e];
   __syncwarp();  // the scratch is read before the next strip overwrites it
-  if constexpr (kTl) {
-    float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
-    *reinterpret_cast<float2*>(out + g * LDA) = make_float2(o[0], o[1]);
-    *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(o[2], o[3]);
-  }
+  float* const out = Tl + (16 * I - 16) * LDA + 16 * J + 8 * nt + 2 * t;
+  *reinterpret_cast<float2*>(out + g * LDA) = make_float2(o[0], o[1]);
+  *reinterpret_cast<float2*>(out + (g + 8) * LDA) = make_float2(o[2], o[3]);
 #if GDNKIT_PROBE_INVERSE != 6
   emit_block(I, J, nt, o);
 #endif
@@ -331,14 +329,10 @@ __device__ __forceinline__ void block_strip(const float* At, float* Tl, float* R
 // kHalves: step 2 forms only Tu_10 (warps 0, 1) and Tu_32 (warps 2, 3), one strip per warp, i.e.
 // the inverses of the two 32 x 32 diagonal blocks; the fused kernel's walk solves the rest by
 // block substitution (WgmmaWalk's kBlockSolve), and A's bottom-left quarter is then not read.
-// kTl false (with kHalves only, whose strips read no block of Tl): the blocks go to emit_block alone,
-// and Tl is not touched.
-template <int LDA, int LDR, bool kDiagPairs = false, bool kHalves = false, bool kTl = true, class Sync,
-          class EmitBlock, class Finish>
+template <int LDA, int LDR, bool kDiagPairs = false, bool kHalves = false, class Sync, class EmitBlock, class Finish>
 __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* Rs, int nb, int warp, int lane,
                                                   Sync&& sync, EmitBlock&& emit_block, Finish&& finish) {
   static_assert(LDA % 4 == 0, "16-byte rows");
-  static_assert(kTl || kHalves, "without Tl only the halves' strips");
   const int g = lane / 4, t = lane % 4;
   if (GDNKIT_PROBE_INVERSE != 3 && (!kDiagPairs || warp % 2 == 0) && warp < nb) {
     const int b = kDiagPairs ? warp + lane / 16 : warp;  // the lane's diagonal block
@@ -373,7 +367,7 @@ __device__ __forceinline__ void invert_unit_lower(float* At, float* Tl, float* R
   const int nt = warp & 1;
   if constexpr (kHalves) {
     const int I = warp < 2 ? 1 : 3;
-    if (I < nb) block_strip<LDA, LDR, kTl>(At, Tl, Rw, I, I - 1, nt, g, t, emit_block);
+    if (I < nb) block_strip<LDA, LDR>(At, Tl, Rw, I, I - 1, nt, g, t, emit_block);
   } else {
     for (int I = 1; I < (GDNKIT_PROBE_INVERSE == 2 || GDNKIT_PROBE_INVERSE == 3 ? 1 : nb); ++I) {
       const int j_begin = warp < 2 ? 0 : 1, j_end = warp < 2 ? 1 : I;

@@ -89,7 +89,6 @@ struct WalkStage {
   const T* V;                 // [64][LDV], the CTA's DVB columns, padded rows
   const float* gam;           // 64 x exp(G), then 64 x exp(G_last - G) (the record's gam, dec)
   const unsigned char* p;     // wgmma policy: swizzled 64 x 64 P
-  const unsigned char* q = nullptr;  // wgmma policy with kQApart: Q's tile (else Q follows K in kq)
   static_assert(kRecDecOff == kRecGamOff + 4 * kChunk, "dec follows gam");
 };
 

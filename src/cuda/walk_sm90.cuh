@@ -85,14 +85,11 @@ __device__ __forceinline__ void load_kq_swizzled(unsigned char* kd, unsigned cha
 // kBlockSolve_ (the fused kernel's): the record's Mt holds only its two 32 x 32 diagonal blocks,
 // and below them -C = -(K K^T) .* D (D_ij = exp(G_i - G_j)), so kq_vn solves Vn by block
 // substitution instead of one product with the whole Mt (block_solve).
-// kQApart_: Q's tile is WalkStage::q, not K's neighbour (the fused pairs' K and Q rings,
-// GDNKIT_FUSED_K_AHEAD); kq_vn then calls aside.q_retired() once its Q S has retired.
-template <typename T_, int DK_, int WG, bool kBlockSolve_ = false, bool kQApart_ = false>
+template <typename T_, int DK_, int WG, bool kBlockSolve_ = false>
 struct WgmmaWalk {
   using T = T_;
   static constexpr int DK = DK_;
   static constexpr bool kBlockSolve = kBlockSolve_;
-  static constexpr bool kQApart = kQApart_;
   static constexpr bool kQsLate = kBlockSolve_ && (GDNKIT_WALK_QS_LATE == 2 || (GDNKIT_WALK_QS_LATE == 1 && WG == 1));
   static constexpr bool kSm90a = true;
   static constexpr bool kVSwizzled = false;  // V as padded [64][LDV] rows (cp.async)
@@ -295,10 +292,6 @@ struct WgmmaWalk {
     // registers outside wgmma while its group may be open (ptxas would serialise every wgmma, C7515).
     if (kQsLate || !zero_state) {
       const std::uint64_t dk = gmma_desc(S.kq, 16, 1024);
-      // Q's descriptor from K's and the distance between the tiles (Q follows K in its ring's
-      // region): built from Q's own address instead, it made ptxas split the block solve's later
-      // descriptor adds into UIADD3 + UIADD3.X + UMOV between HGMMA, ~10% of the pairs' step.
-      const std::uint64_t dq = kQApart ? gmma_desc_add(dk, static_cast<std::uint32_t>(S.q - S.kq)) : dk;
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk) to_a_frag<T>(sa[kk], st[2 * kk], st[2 * kk + 1]);
       fence_all(sa);
@@ -314,8 +307,7 @@ struct WgmmaWalk {
 #if !(GDNKIT_WALK_PROBE_OUT & 1)
 #pragma unroll
       for (int kk = 0; kk < DK / 16; ++kk)
-        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc_add(dq, (kQApart ? 0 : k_bytes) + gmma_kstep(kk, kChunk)),
-                                   true);
+        gmma_rs<T, 16 * NB, false>(qf, sa[kk], gmma_desc_add(dk, k_bytes + gmma_kstep(kk, kChunk)), true);
 #endif
       gmma_commit();
       GDNKIT_STEP_MARK(3);
@@ -331,11 +323,9 @@ struct WgmmaWalk {
         gmma_fence(kf);
         gmma_fence(qf);
         fence_all(sa);
-        if constexpr (kQApart) aside.q_retired();
       }
     } else {
       aside();
-      if constexpr (kQApart) aside.q_retired();
     }
     std::uint32_t xa[NB][4];
     make_x(xa);
@@ -345,7 +335,6 @@ struct WgmmaWalk {
         if constexpr (kQsLate) {  // Q S retired with the first products
           gmma_fence(qf);
           fence_all(sa);
-          if constexpr (kQApart) aside.q_retired();
         }
       });
       GDNKIT_STEP_MARK(8);
