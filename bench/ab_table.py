@@ -1,11 +1,12 @@
 """The table of an A/B or variants run of scripts/gpu_check.sh (its ab.txt or variants.txt).
 
 Those files hold blocks "== PATH/bench_gdnkit (round N)" of bench_gdnkit's rows (name, tokens,
-device_ms, host_us, kernel and, in newer drivers, plan_us), each side timed once per round, alternately. This prints, per (row,
-kernel), every side's device ms in each round and its change against the reference side (the
-mean of its rounds against the reference's mean), so that a run reads as one table:
+device_ms, host_us, kernel and, in newer drivers, plan_us), each side timed once per round,
+alternately. This prints, per (row, kernel), every side's device ms in each round and its change
+against the reference side (the median of its rounds against the reference's median; --mean for
+means), so that a run reads as one table:
 
-    python3 bench/ab_table.py gpu-out/variants.txt [--ref NAME]
+    python3 bench/ab_table.py gpu-out/variants.txt [--ref NAME] [--mean]
 
 A side is named by the folder of its driver (variant-NAME -> NAME, build-gpu-ab-TREE -> TREE); the
 reference is `--ref`, else the tree built in place (gpu_check.sh's $BUILD: the default build).
@@ -14,6 +15,7 @@ import argparse
 import collections
 import os
 import re
+import statistics
 import sys
 
 
@@ -55,7 +57,9 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--ref", default="this", help="the side the others are compared with")
     ap.add_argument("--build", default="build-gpu", help="the in-place build folder's name")
+    ap.add_argument("--mean", action="store_true", help="compare means of rounds instead of medians")
     a = ap.parse_args()
+    stat = statistics.fmean if a.mean else statistics.median
     sides, times = parse(open(a.file), a.build)
     if not times:
         sys.exit(f"{a.file}: no rows")
@@ -73,7 +77,7 @@ def main():
                 continue
             text = "/".join("%.4f" % x for x in t)
             if s != a.ref and ref:
-                text += " %+.1f%%" % (100.0 * (sum(t) / len(t) / (sum(ref) / len(ref)) - 1.0))
+                text += " %+.1f%%" % (100.0 * (stat(t) / stat(ref) - 1.0))
             cells.append(text)
         lines.append((row, kernel, cells))
     # Columns as wide as their widest cell (three or more rounds make long ones).

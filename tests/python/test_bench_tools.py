@@ -51,6 +51,25 @@ def test_another_reference_and_a_bad_one(tmp_path):
     assert bad.returncode != 0 and "--ref nope" in bad.stderr and "this, s64" in bad.stderr
 
 
+def test_medians_by_default_means_on_request(tmp_path):
+    # One slow round of the variant (a clock dip, a neighbour): the median ignores it, the mean not.
+    run = "".join(
+        f"""== /tmp/gdnkit-drivers/{side}/bench_gdnkit (round {r})
+row                                      tokens  device_ms    host_us kernel plan_us
+fixed-b1-t4096                             4096     {ms}       5.33 cuda-fused-sm90-bf16-k128-v64 1.20
+"""
+        for r, pair in enumerate(((0.1000, 0.0900), (0.1000, 0.0900), (0.1000, 0.1500)), 1)
+        for side, ms in (("this", "%.4f" % pair[0]), ("alt", "%.4f" % pair[1])))
+    f = tmp_path / "drivers.txt"
+    f.write_text(run)
+    median = subprocess.run([sys.executable, TOOL, str(f)], capture_output=True, text=True)
+    assert median.returncode == 0, median.stderr
+    assert "0.0900/0.0900/0.1500 -10.0%" in median.stdout, median.stdout  # 0.09 against 0.10
+    mean = subprocess.run([sys.executable, TOOL, str(f), "--mean"], capture_output=True, text=True)
+    assert mean.returncode == 0, mean.stderr
+    assert "0.0900/0.0900/0.1500 +10.0%" in mean.stdout, mean.stdout  # 0.11 against 0.10
+
+
 def test_rows_with_the_planning_column_and_carried_drivers(tmp_path):
     # Newer drivers print plan_us after the kernel; gpu_check.sh's drivers stage names a side by
     # the folder it unpacked the driver into.
