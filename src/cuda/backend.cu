@@ -210,7 +210,10 @@ const SplitKernel* required_kernel(const std::string& want, const Problem& probl
       fail(K::unsupported, "options.kernel",
            want + " with head_dim_v 128 (its -v64 variant walks 64 value columns per CTA)",
            "head_dim_v " + str(s.dv));
-    fail(K::invalid_value, "options.kernel", "one of the kernels built for this dtype and dk: " + names, want);
+    fail(K::invalid_value, "options.kernel",
+         std::string("one of the kernels built for dtype ") + to_string(problem.qkv_dtype) + " and dk " + str(s.dk) +
+             ": " + names,
+         want);
   }
   if (split->fused && !fused_sizes_ok(s.T, s.N))
     fail(K::unsupported, "options.kernel",

@@ -516,6 +516,8 @@ TEST_F(Cuda, EveryKernel) {
   o.kernel = "cuda-split-mma-bf16-k128-w3";
   expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::invalid_value, "options.kernel",
                "cuda-split-mma-bf16-k128-w4");
+  expect_error([&] { Plan::create(d.problem(), o); }, Error::Kind::invalid_value, "options.kernel",
+               "built for dtype bf16 and dk 128: ");
   // The fused kernel walks 128 value columns per CTA: required at dv = 64, it is refused by name
   // (its -v64 variant runs there).
   if (sm90 && cuda::find_fused_kernel(DType::bf16, 128, 128) != nullptr) {
