@@ -166,6 +166,9 @@ KernelInfo prepare_kernel(int device, const SplitKernel& k) {
       if (f != nullptr)
         check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.walk_smem)),
               "cudaFuncSetAttribute");
+    if (k.lead_func != nullptr)
+      check(cudaFuncSetAttribute(k.lead_func, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.lead_smem)),
+            "cudaFuncSetAttribute");
     if (k.prep_func != nullptr)
       check(cudaFuncSetAttribute(k.prep_func, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(k.prep_smem)),
@@ -322,7 +325,8 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
                        str(lmax) + " tokens");
   }
   const SplitKernel* k1 = find_fused_kernel(problem.qkv_dtype, s.dk, best.dvb, true);
-  if (k1 == nullptr || !walk_runs_on(*k1, c) || !fits(*k1, smem_optin))
+  if (k1 == nullptr || !walk_runs_on(*k1, c) || !fits(*k1, smem_optin) ||
+      (best.lead && (k1->lead_func == nullptr || k1->lead_smem > static_cast<std::size_t>(smem_optin))))
     return unsupported("compute capability 9.0, an sm_90a build with CUTLASS");
   const CpLayout layout = CpLayout::of(s.T, n, best.seg_tokens);
   if (layout.cap1 > std::int64_t(kCtaWalks) * 65535)  // stage 1's CTAs keep at most kCtaWalks walks each
@@ -340,10 +344,12 @@ void plan_split(const Problem& problem, const detail::Shape& s, const Options& o
   c.cp_stage1 = k1;
   c.cp_cutoff = cutoff;
   c.cp_pairs = best.pairs;
+  c.cp_lead = best.lead;
   if (options.split_graph) c.cp_graphs = std::make_shared<LaunchGraphs>();
   c.workspace = bytes;
   c.name = std::string(k1->name);
   c.name = c.name.substr(0, c.name.size() - std::string("-walks").size()) + "-cp" + str(best.nseg);
+  if (best.lead) c.name += "-lead";
   if (cutoff > 0.0f) c.name += "-decay-cut";
 }
 
@@ -500,6 +506,7 @@ void run(const Problem& problem, const detail::Shape& s, const Config& c, const 
   if (c.cp_segments >= 2) {
     CpLayout layout = CpLayout::of(s.T, std::max<std::int64_t>(s.N, 1), c.cp_seg_tokens);
     layout.pairs = c.cp_pairs;
+    layout.lead = c.cp_lead;
     const cudaError_t err =
         launch_cp(p, layout, *c.cp_stage1, maps, c.cp_cutoff, static_cast<unsigned char*>(workspace),
                   c.cp_graphs.get(), reinterpret_cast<cudaStream_t>(stream));

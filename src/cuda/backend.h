@@ -37,6 +37,7 @@ struct Config {
   const SplitKernel* cp_stage1 = nullptr;
   float cp_cutoff = 0.0f;                  // Options::split_decay_cutoff (0: exact)
   bool cp_pairs = false;                   // stage 1 in value and map pairs (CpLayout::pairs)
+  bool cp_lead = false;                    // stage 1 in lead mode (CpLayout::lead)
   // The split's graphs (Options::split_graph; nullptr: launches one by one). Copies of a plan
   // share them: the graphs are thread-safe and the copies' launches are the same.
   std::shared_ptr<LaunchGraphs> cp_graphs;

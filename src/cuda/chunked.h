@@ -310,6 +310,11 @@ struct SplitKernel {
   const void* packed_func = nullptr;
   // block_solve of paired_func's instantiation (the kernel a launch in clusters of two runs).
   bool paired_block_solve = false;
+  // A 128-column walk-list kernel's lead-mode stage 1 (fused_sm90.cuh, gdn_fused_lead_kernel: the
+  // unsplit 64-column pairs beside it in one launch), where dk = 128; else nullptr. lead_smem: its
+  // dynamic shared memory, the larger of the two kernels'.
+  const void* lead_func = nullptr;
+  std::size_t lead_smem = 0;
 };
 
 // The split instantiation of (dtype, dk, warps, sm90a); nullptr when none matches.
@@ -341,6 +346,11 @@ cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, c
 class LaunchList;
 cudaError_t add_fused_launch(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                              LaunchList* list);
+// A lead-mode stage 1 (k.lead_func, grid (2, H, 2)) appended to list: the first segment's pairs
+// over `lead` (cp_lead_params), the second segment's value and map pair over `rest` (stage 1's
+// parameters, a computed list of one sequence in two segments).
+cudaError_t add_fused_lead_launch(const SplitKernel& k, const ChunkedParams& lead, const ChunkedParams& rest,
+                                  const FusedMaps& maps, LaunchList* list);
 
 // The instantiations of one qkv dtype (split_bf16.cu, split_f16.cu).
 struct SplitKernelList {

@@ -160,10 +160,16 @@ cudaError_t add_cp_launches(const ChunkedParams& p_in, const CpLayout& c, const 
     p1.cp_cap3 = static_cast<int>(c.cap3);  // below cap1 <= kCtaWalks x 65535 (the planner's bound)
     p1.cp_slots = static_cast<int>(c.slots);
   }
-  // Only the list's real entries get CTAs (cp_list_entries).
-  const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
-                static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));
-  err = add_fused_launch(k1, p1, maps, g1, &list);
+  if (c.lead) {
+    // Lead mode: one sequence in two segments of a computed list, exact, in value and map pairs.
+    if (!computed || p.num_seqs != 1 || !p1.cp_pairs || p.tokens <= c.seg) return cudaErrorInvalidValue;
+    err = add_fused_lead_launch(k1, cp_lead_params(p, c, E), p1, maps, &list);
+  } else {
+    // Only the list's real entries get CTAs (cp_list_entries).
+    const dim3 g1(static_cast<unsigned>(p.dv / dvb1 + dk / dvb1), H,
+                  static_cast<unsigned>(std::min<std::int64_t>(cp_list_entries(p, c, computed, false), 65535)));
+    err = add_fused_launch(k1, p1, maps, g1, &list);
+  }
   if (err != cudaSuccess || c.cap3 == 0) return err;
 
   if (cp_needs_scan(p, c, computed)) {

@@ -19,6 +19,10 @@
 //     segments s >= 1 with V = 0, writing M_s to M[slot_n + s] and their output rows to map_o: row
 //     t is the linear map from the segment's start state to o_t. An unsplit sequence (nseg_n = 1)
 //     is walked whole here, exactly as the unsplit kernel walks it.
+//     Lead mode (CpLayout::lead: one sequence in two segments, exact, dk = dv = 128): the same
+//     launch runs the first segment on the unsplit 64-column pairs, which write its end state to
+//     E[0] as their final state, beside the second segment's value and map pair
+//     (gdn_fused_lead_kernel); the planner makes the first segment the longer one (cp_model.cpp).
 //   Stage 2, cp_scan_cta: per (sequence, head, 8 value columns), E[slot_n + s] <- M_s E[slot_n + s - 1]
 //     + E[slot_n + s] for s = 1 .. nseg_n - 1, in fp32, in order: E then holds the true end states,
 //     the last one the sequence's final state (also written to final_state). Without a final state

@@ -15,6 +15,10 @@ struct CpLayout {
   std::int64_t cap1 = 0, cap3 = 0;  // list lengths: N + T / seg (sum of max(nseg_n, 1)), T / seg (of nseg_n - 1)
   std::int64_t slots = 0;        // E and M slots: the sum of nseg_n over split sequences
   bool pairs = false;            // stage 1 at 128 columns in value and map pairs (ChunkedParams::cp_pairs)
+  // Lead mode (pairs, exact, one sequence in two segments, dk = dv = 128): the first segment by the
+  // unsplit 64-column pairs in the same launch (fused_sm90.cuh, gdn_fused_lead_kernel); the planner
+  // then makes it the longer one (cp_model.h, cp_best_lead).
+  bool lead = false;
   static CpLayout of(std::int64_t tokens, std::int64_t seqs, int seg) {
     // nseg_n <= floor(len_n / seg) + 1, and a split sequence has floor(len_n / seg) >= 1.
     CpLayout c;
@@ -44,6 +48,23 @@ inline bool cp_compute_lists(ChunkedParams& p, const CpLayout& c) {
   const std::int64_t e = p.num_seqs == 1 ? c.cap1 : p.uniform_len > c.seg ? (p.uniform_len + c.seg - 1) / c.seg : 1;
   p.cp_per_seq = static_cast<int>(e);
   return true;
+}
+
+// Lead mode's first segment (CpLayout::lead): the call's parameters p (one sequence, cu_seqlens[0]
+// = 0) for the unsplit 64-column pairs, cut at the segment's end (`tokens`: seq_range clamps the
+// sequence there) and with the end state, as the final state, into E's slot 0 (the sequence's first
+// slot; E is [slot, H] states in the problem's layout, as the final state). A list computed for p
+// (cp_compute_lists) is not theirs: they walk the sequence.
+inline ChunkedParams cp_lead_params(const ChunkedParams& p, const CpLayout& c, float* E) {
+  ChunkedParams a = p;
+  a.tokens = p.tokens < c.seg ? p.tokens : c.seg;
+  a.final_state = E;
+  a.want_final_state = true;
+  a.walks = nullptr;
+  a.num_walks = 0;
+  a.cp_seg = a.cp_per_seq = 0;
+  a.longest_first = a.lpt = false;
+  return a;
 }
 
 // How many of a list's first entries get CTAs: with computed lists only those that hold a walk

@@ -42,6 +42,10 @@ constexpr double kStepFused128Pairs = 4.0;
 // and two map blocks per segment, fused_cluster_x).
 constexpr double kStepFused64SplitPairs = 3.4;
 constexpr double kFixBytesPerUs = 2.2e6;
+// Lead mode (CpLayout::lead): the unsplit 64-column pairs' step against the 128-column value and map
+// pair's, 2.10 against 3.42 us on an H100 at 5cc38e7 (fixed-b1-t16384's pairs; the two-segment
+// splits of qwen3next-16x32-b1-t16384 and -t65536), applied to the latter's constant.
+constexpr double kStepLeadPairs = kStepFused128Pairs * 2.10 / 3.42;
 constexpr double kPrepPerWalkChunk = 0.0093, kSplitPathFixed = 20.0;
 
 double walk_step(int warps) { return warps <= 2 ? 2.9 : warps == 4 ? 3.4 : 4.4; }
@@ -177,6 +181,38 @@ CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut
   return best;
 }
 
+// GDNKIT_CP_LEAD (a measurement switch): 0 never picks lead mode; GDNKIT_CP_LEAD_SHARE: the first
+// segment's share of the chunks in percent instead of the model's balance (0: the model's).
+#ifndef GDNKIT_CP_LEAD
+#define GDNKIT_CP_LEAD 1
+#endif
+#ifndef GDNKIT_CP_LEAD_SHARE
+#define GDNKIT_CP_LEAD_SHARE 0
+#endif
+
+double cp_lead_cost(const detail::Shape& s, std::int64_t seg_chunks) {
+  const std::int64_t rest = chunks_of(s.T) - seg_chunks;
+  const double stage1 = std::max(kStepLeadPairs * static_cast<double>(seg_chunks + 2),
+                                 kStepFused128Pairs * static_cast<double>(rest + 1));
+  const double row_bytes = static_cast<double>(s.H) * (2.0 * s.dk + 4.0 * s.dv);  // map_o, o read and written
+  return stage1 + kScanStep + static_cast<double>(rest * kChunkTokens) * row_bytes / kFixBytesPerUs + kCpFixed;
+}
+
+CpChoice cp_best_lead(const detail::Shape& s, int sms) {
+  CpChoice best;
+  const std::int64_t chunks = chunks_of(s.T);
+  if (GDNKIT_CP_LEAD == 0 || s.N > 1 || s.dk != 128 || s.dv != 128 || 4 * s.H > sms || chunks < 2) return best;
+  // The first segment at least as long as the second: its pairs step faster.
+  std::int64_t lo = (chunks + 1) / 2, hi = chunks - 1;
+  if (GDNKIT_CP_LEAD_SHARE > 0) lo = hi = std::clamp<std::int64_t>(chunks * GDNKIT_CP_LEAD_SHARE / 100, 1, chunks - 1);
+  for (std::int64_t seg_chunks = lo; seg_chunks <= hi; ++seg_chunks) {
+    const double cost = cp_lead_cost(s, seg_chunks);
+    if (best.nseg == 0 || cost < best.cost)
+      best = {2, static_cast<int>(seg_chunks * kChunkTokens), 128, cost, true, true};
+  }
+  return best;
+}
+
 CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int forced, std::int64_t max_seq_len,
                    bool packed, bool cut, bool prune) {
   // The model runs on equal lengths: the batch as ceil(T / Lmax) sequences of the longest length
@@ -195,7 +231,11 @@ CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int f
   // where no split can be (`prune`; off only to test that it changes nothing).
   const double unsplit_eq = cp_unsplit_cost(unsplit, eq, sms);
   const double inf = std::numeric_limits<double>::infinity();
-  const CpChoice best = cp_best_split(eq, sms, 2, 64, cut, prune ? kSplitPays * unsplit_eq : inf);
+  CpChoice best = cp_best_split(eq, sms, 2, 64, cut, prune ? kSplitPays * unsplit_eq : inf);
+  if (!cut) {
+    const CpChoice lead = cp_best_lead(s, sms);
+    if (lead.nseg == 2 && (best.nseg < 2 || lead.cost < best.cost)) best = lead;
+  }
   if (best.nseg >= 2 && best.cost < kSplitPays * unsplit_eq) return best;
   if (packed && max_seq_len <= 0 && n > 1) {
     // Packed lengths unknown to the host: the mean may hide one long sequence, which alone sets

@@ -19,10 +19,13 @@ struct UnsplitKernel {
 // A split: nseg segments of seg_tokens tokens per sequence of the modelled length, stage 1 on
 // dvb-column CTAs, cost the model's device time in microseconds. nseg = 0: none.
 // pairs: stage 1 at 128 columns in value and map CTA pairs sharing their records (exact only).
+// lead: lead mode (CpLayout::lead; nseg 2, pairs): the first segment, seg_tokens long, on the
+// unsplit 64-column pairs beside the second's value and map pair.
 struct CpChoice {
   int nseg = 0, seg_tokens = 0, dvb = 0;
   double cost = 0.0;
   bool pairs = false;
+  bool lead = false;
 };
 
 // The planner splits where the model puts the split under this fraction of the unsplit kernel.
@@ -64,10 +67,17 @@ double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, i
 CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut,
                        double beat = std::numeric_limits<double>::infinity());
 
+// Estimated device time (us) of lead mode with a first segment of seg_chunks chunks (one sequence,
+// dk = dv = 128), and the cheapest such split (nseg 0 where lead mode cannot run: more than one
+// sequence, other head sizes, more than sms / 4 heads, fewer than two chunks).
+double cp_lead_cost(const detail::Shape& s, std::int64_t seg_chunks);
+CpChoice cp_best_lead(const detail::Shape& s, int sms);
+
 // The planner's split of a problem (s: its shape; dk and dv multiples of 64, and dv 128 unless
 // forced, checked by the caller) on a device of `sms` SMs, with `unsplit` the kernel it would run otherwise.
 // forced >= 2: segments of about 1/forced of the modelled length (nseg = 0 where the sequences
-// are under two chunks); forced == 0: the split only where it pays by the model. max_seq_len: the
+// are under two chunks; never lead mode); forced == 0: the split only where it pays by the model,
+// lead mode (exact only) where it is the cheapest. max_seq_len: the
 // caller's hint (0: unknown); packed: the lengths come from cu_seqlens (unknown to the host).
 // prune: skip the search where no split can pay (the same choice, faster; false to test that).
 CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int forced, std::int64_t max_seq_len,

@@ -145,6 +145,25 @@ cudaError_t launch_fused(const ChunkedParams& params, dim3, dim3 grid, cudaStrea
   return cudaLaunchKernelExC(&launch.config, fused_func<T, DK, DVB, kWalks>(cluster == 2), args);
 }
 
+// Lead mode's stage 1 (gdn_fused_lead_kernel) belongs to the 128-column walk-list kernels at dk 128.
+template <typename T, int DK, int DVB, bool kWalks>
+constexpr bool has_lead() {
+  return kWalks && DVB == 128 && DK == 128;
+}
+template <typename T, int DK, int DVB, bool kWalks>
+const void* lead_func() {
+  if constexpr (has_lead<T, DK, DVB, kWalks>()) return reinterpret_cast<const void*>(&gdn_fused_lead_kernel<T>);
+  return nullptr;
+}
+template <typename T, int DK, int DVB, bool kWalks>
+constexpr std::size_t lead_smem_bytes() {
+  if constexpr (has_lead<T, DK, DVB, kWalks>()) {
+    const std::size_t a = fused_smem_bytes<T, 128, 64, false>(), b = fused_smem_bytes<T, 128, 128, true>();
+    return a > b ? a : b;
+  }
+  return 0;
+}
+
 template <typename T, int DK, int DVB, bool kWalks = false>
 SplitKernel fused_entry(const char* name, DType dtype) {
   using F = FusedSm90<T, DK, DVB, kWalks>;
@@ -164,7 +183,9 @@ SplitKernel fused_entry(const char* name, DType dtype) {
                      false,
                      F::kBlockSolve,
                      kWalks ? reinterpret_cast<const void*>(&gdn_fused_kernel<T, DK, DVB, true, false, true>) : nullptr,
-                     paired_block_solve<T, DK, DVB, kWalks>()};
+                     paired_block_solve<T, DK, DVB, kWalks>(),
+                     lead_func<T, DK, DVB, kWalks>(),
+                     lead_smem_bytes<T, DK, DVB, kWalks>()};
 }
 
 // Two value-block widths: 128 columns per CTA (two state warpgroups, the record computed once per
@@ -247,6 +268,33 @@ cudaError_t add_fused_launch(const SplitKernel& k, const ChunkedParams& p, const
              : cudaErrorInvalidValue;
 }
 
+cudaError_t add_fused_lead_launch(const SplitKernel& k, const ChunkedParams& lead, const ChunkedParams& rest,
+                                  const FusedMaps& maps, LaunchList* list) {
+  // One sequence (the pairs walk sequence 0 as CTA z = 0's list; the rest CTAs take entry 1 of a
+  // computed list as z = 1's first), exact, at dk = dv = 128 in value and map pairs.
+  if (k.lead_func == nullptr || lead.num_seqs != 1 || rest.num_seqs != 1 || lead.walks != nullptr ||
+      lead.cp_seg != 0 || rest.walks != nullptr || rest.cp_seg <= 0 || !rest.cp_pairs || rest.map_end != nullptr ||
+      rest.value_blocks != 1 || rest.dv != 128 || !lead.want_final_state || lead.longest_first || rest.longest_first)
+    return cudaErrorInvalidValue;
+  if (!fused_sizes_ok(rest.tokens, std::max(rest.num_seqs, rest.num_walks))) return cudaErrorInvalidValue;
+  const dim3 grid(2, static_cast<unsigned>(rest.num_heads), 2);
+  // Both halves cluster along x: the pairs (fused_cluster_x at 64 columns) and the value and map pair.
+  if (fused_cluster_x(4, lead, grid) != 2 || fused_cluster_x(8, rest, dim3(2, grid.y, 1)) != 2)
+    return cudaErrorInvalidValue;
+  FusedLeadParams fp;
+  fp.lead.p = lead;
+  fp.rest.p = rest;
+  for (FusedParams* f : {&fp.lead, &fp.rest}) {
+    std::memcpy(&f->k, maps.bytes, sizeof(CUtensorMap));
+    std::memcpy(&f->q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
+    std::memcpy(&f->v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+    std::memcpy(&f->o, maps.bytes + 3 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+  }
+  return list->add_block(k.lead_func, grid, dim3(k.threads), k.lead_smem, 2, &fp, sizeof fp, alignof(FusedLeadParams))
+             ? cudaSuccess
+             : cudaErrorInvalidValue;
+}
+
 cudaError_t launch_fused_encoded(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                                  cudaStream_t stream) {
   LaunchList list;
@@ -262,6 +310,10 @@ SplitKernelList fused_walks_kernels() {
 bool encode_fused_maps(const ChunkedParams&, DType, int, FusedMaps*) { return false; }
 bool rebase_fused_maps(FusedMaps*, const ChunkedParams&) { return false; }
 cudaError_t add_fused_launch(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, LaunchList*) {
+  return cudaErrorInvalidValue;
+}
+cudaError_t add_fused_lead_launch(const SplitKernel&, const ChunkedParams&, const ChunkedParams&, const FusedMaps&,
+                                  LaunchList*) {
   return cudaErrorInvalidValue;
 }
 cudaError_t launch_fused_encoded(const SplitKernel&, const ChunkedParams&, const FusedMaps&, dim3, cudaStream_t) {

@@ -181,4 +181,39 @@ __global__ void __launch_bounds__(FusedSm90<T, DK, DVB, kWalks, kAuxP>::kLaunchT
 #endif
 }
 
+// A split's stage 1 in lead mode (cp.h, CpLayout::lead): one sequence in two segments, each walked
+// by the kernel whose step suits it, in one launch of grid (2, H, 2) in clusters of two along x.
+//   blockIdx.z == 0: the first segment, from the initial state, by the unsplit 64-column pairs
+//                    (`lead`: cp_lead_params cuts the sequence at the segment's end and sends its end
+//                    state to E's slot 0 as the final state);
+//   blockIdx.z == 1: the second segment, by its value and map pair at 128 columns (`rest`: stage 1's
+//                    parameters with the computed list, whose entry 1 is that segment: the CTA's
+//                    first entry is blockIdx.z of a list strided by gridDim.z = 2).
+// The pairs' step is ~60% of the 128-column pair's, so the first segment is the longer one and the
+// two finish together on 4 H SMs (docs/perf-notes.md, "Lead mode").
+struct FusedLeadParams {
+  FusedParams lead, rest;
+};
+template <typename T>
+using FusedLeadPairs = FusedSm90<T, 128, 64, false, true>;
+template <typename T>
+using FusedLeadRest = FusedSm90<T, 128, 128, true, false>;
+template <typename T>
+__device__ __forceinline__ void fused_lead_cta(const FusedLeadParams& fp) {
+  static_assert(FusedLeadPairs<T>::kLaunchThreads == FusedLeadRest<T>::kLaunchThreads, "one block size");
+  if (blockIdx.z == 0)
+    fused_cta<FusedLeadPairs<T>>(fp.lead);
+  else
+    fused_cta<FusedLeadRest<T>>(fp.rest);
+}
+template <typename T>
+__global__ void __launch_bounds__(FusedLeadRest<T>::kLaunchThreads, 1)
+    gdn_fused_lead_kernel(const __grid_constant__ FusedLeadParams fp) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();
+#else
+  fused_lead_cta<T>(fp);
+#endif
+}
+
 }  // namespace gdnkit::cuda

@@ -101,12 +101,13 @@ __device__ __forceinline__ void fused_producer(const FusedParams& fp, unsigned c
 
 // Zeroes rows [from, to) of a staged 128-byte-swizzled tile of `blocks` column blocks (the rows past
 // a tail chunk's end, which TMA filled from the next sequence), by 128 threads (tid < 128).
+// Thread tid takes the 16-byte piece tid % 8 of every 16th row from from + tid / 8: no division by
+// the row count (whose runtime divisions had cost the 128-column aux spills in the lead-mode kernel).
 __device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int blocks, int from, int to, int tid) {
-  const int rows = to - from;
-  for (int idx = tid; idx < blocks * rows * 8; idx += 128) {
-    const int c = idx % 8, r = from + (idx / 8) % rows, b = idx / (8 * rows);
-    *reinterpret_cast<uint4*>(tile + b * (kChunk * 128) + swizzle128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
-  }
+  const int c = tid % 8;
+  for (int r = from + tid / 8; r < to; r += 16)
+    for (int b = 0; b < blocks; ++b)
+      *reinterpret_cast<uint4*>(tile + b * (kChunk * 128) + swizzle128(r, c)) = make_uint4(0u, 0u, 0u, 0u);
 }
 
 }  // namespace gdnkit::cuda

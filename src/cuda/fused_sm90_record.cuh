@@ -133,7 +133,9 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
           const int i = i0 + 8 * hh;
           const float2 d = decay_pair(gi[hh], gj, i, j);
           // With kBlockSolve the bottom-left quarter holds C = (K K^T) .* D, without beta (emit_c).
-          const float bi = F::kBlockSolve && warp >= 2 && q < 2 ? 1.0f : b[hh];
+          // (warp >= 2 said by the row index, which is live here: a fresh read of the thread index
+          // needed a register the lead-mode kernel's 128-column aux did not have.)
+          const float bi = F::kBlockSolve && i0 >= 32 && q < 2 ? 1.0f : b[hh];
           *reinterpret_cast<float2*>(At + i * LDA + j) =
               make_float2(bi * kkt[4 * n + 2 * hh] * d.x, bi * kkt[4 * n + 2 * hh + 1] * d.y);
           if constexpr (kPWithA)
@@ -237,11 +239,10 @@ __device__ __forceinline__ void fused_record(const unsigned char* kq, unsigned c
       [&] {  // no barrier: each thread's FULL arrival follows its own stores (the caller's fence)
         probe.mark();  // the probe's "block rows" (thread 0: warp 0's rows)
       });
-  if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero
-    for (int idx = tid; idx < 2 * (kChunk - 16 * nb) * 8; idx += 128) {
-      const int c = idx % 8, r = 16 * nb + (idx / 8) % (kChunk - 16 * nb);
-      *reinterpret_cast<uint4*>((idx < (kChunk - 16 * nb) * 8 ? Mh : Ml) + swizzle128(r, c)) =
-          make_uint4(0u, 0u, 0u, 0u);
+  if (nb < 4) {  // a tail chunk: rows [16 nb, 64) of Mt hi and lo are zero (as zero_tile_rows)
+    for (int r = 16 * nb + tid / 8; r < kChunk; r += 16) {
+      *reinterpret_cast<uint4*>(Mh + swizzle128(r, tid % 8)) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(Ml + swizzle128(r, tid % 8)) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   probe.mark();

@@ -122,9 +122,9 @@ TEST(CpModel, ChoicesOnTheH200) {
       {8, 8192, 8},    {8, 32768, 8},                          // qwen35tp8 rows: 0.125 / 0.394, 0.373 / 1.53 ms
       {32, 16384, 2},  {32, 65536, 2},                         // qwen3next rows: 0.640 / 0.843, 2.49 / 3.31
       {32, 8192, 2},   {32, 4096, 2},                          // 0.331 / 0.441; by the model 0.189 / 0.225
-      {32, 2048, 0},                                           // 0.104 / 0.126: the model (+10%) misses it
+      {32, 2048, 2},                                           // 0.104 / 0.126 (lead mode since, below)
       {64, 4096, 0},   {64, 16384, 0},  {64, 32768, 0},        // fixed-b1, qwen35-b1: every split slower
-      {16, 2048, 4},   {24, 4096, 3},                          // 0.081 / 0.117, 0.178 / 0.219 (not in pairs)
+      {16, 2048, 4},   {24, 4096, 2},                          // 0.081 / 0.117; 0.178 / 0.219 in 3 (lead mode since)
       {40, 2048, 0},   {40, 4096, 2},   {48, 4096, 0},  {48, 16384, 0},  // 0.142 / 0.138 split slower; 0.239 / 0.260
   };
   for (const Case& c : cases) {
@@ -204,6 +204,47 @@ TEST(CpModel, ForcedSegments) {
   // The hint sets the segment length: a third of the longest sequence, not of the mean.
   const CpChoice hinted = cp_choose(shape(8, 4, 8192), kH200Sms, split_path(8), 3, 20000, true, false);
   EXPECT_EQ(hinted.seg_tokens, 6720);  // ceil(313 chunks / 3) = 105 chunks
+}
+
+// Lead mode (CpLayout::lead): one sequence in two segments, the first, longer one on the unsplit
+// 64-column pairs beside the second's value and map pair, where 4 CTAs per head fit the SMs.
+TEST(CpModel, LeadMode) {
+  using gdnkit::cuda::cp_best_lead;
+  using gdnkit::cuda::cp_lead_cost;
+  for (const std::int64_t len : {4096, 16384, 65536}) {
+    const auto s = shape(32, 1, len);
+    const CpChoice lead = cp_best_lead(s, kH200Sms);
+    ASSERT_EQ(lead.nseg, 2) << len;
+    EXPECT_TRUE(lead.lead && lead.pairs) << len;
+    EXPECT_EQ(lead.dvb, 128);
+    // The pairs step ~60% of the 128-column pair's time: the first segment takes ~62% of the chunks,
+    // and the second is never empty.
+    const std::int64_t chunks = len / 64, first = lead.seg_tokens / 64;
+    EXPECT_GT(first, chunks * 55 / 100) << len;
+    EXPECT_LT(first, chunks * 70 / 100) << len;
+    // The search's minimum, and under the even split in value and map pairs by the same model.
+    for (const std::int64_t other : {first - 1, first + 1, chunks / 2})
+      if (other >= 1 && other < chunks) EXPECT_LE(lead.cost, cp_lead_cost(s, other)) << len << " at " << other;
+    EXPECT_LT(lead.cost, cp_split_cost(s, kH200Sms, chunks / 2, 128, false, true)) << len;
+    // The planner takes it on these rows (qwen3next-16x32-b1-*).
+    const CpChoice got = cp_choose(s, kH200Sms, {true, 4}, 0, len, true, false);
+    EXPECT_TRUE(got.lead) << len;
+    EXPECT_EQ(got.seg_tokens, lead.seg_tokens) << len;
+  }
+  // Not where 4 CTAs per head exceed the SMs, for two sequences, other head sizes, one chunk.
+  EXPECT_EQ(cp_best_lead(shape(64, 1, 16384), kH200Sms).nseg, 0);
+  EXPECT_EQ(cp_best_lead(shape(33, 1, 16384), kH200Sms).nseg, 2);
+  EXPECT_EQ(cp_best_lead(shape(34, 1, 16384), kH200Sms).nseg, 0);
+  EXPECT_EQ(cp_best_lead(shape(32, 2, 16384), kH200Sms).nseg, 0);
+  EXPECT_EQ(cp_best_lead(shape(32, 1, 64), kH200Sms).nseg, 0);
+  auto dk64 = shape(32, 1, 16384);
+  dk64.dk = 64;
+  EXPECT_EQ(cp_best_lead(dk64, kH200Sms).nseg, 0);
+  // Never with the decay shortcut, nor where the caller forces a segment count.
+  EXPECT_FALSE(cp_choose(shape(32, 1, 65536), kH200Sms, {true, 4}, 0, 65536, true, true).lead);
+  EXPECT_FALSE(cp_choose(shape(32, 1, 65536), kH200Sms, {true, 4}, 2, 65536, true, false).lead);
+  // Nor on the 64-head rows, which the unsplit pairs fill.
+  EXPECT_FALSE(cp_choose(shape(64, 1, 32768), kH200Sms, {true, 4}, 0, 32768, true, false).lead);
 }
 
 // The decay shortcut's model: one long sequence of 32 or 64 heads splits, a short one does not.

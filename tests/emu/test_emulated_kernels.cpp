@@ -132,6 +132,27 @@ void emulate_fused(cuda::ChunkedParams p, dim3 grid) {
   cuda::g_bulk_unperformed = 0;
 }
 
+// A lead-mode stage 1 (fused_sm90.cuh, fused_lead_cta): the first segment's pairs over `lead`, the
+// second segment's value and map pair over `rest`, grid (2, H, 2) in clusters of two, both with the
+// call's descriptors (as add_fused_lead_launch hands them).
+template <typename T>
+void emulate_fused_lead(cuda::ChunkedParams lead, cuda::ChunkedParams rest, unsigned heads) {
+  static_assert(cuda::FusedLeadPairs<T>::smem_bytes <= sizeof(cuda::smem_raw) &&
+                cuda::FusedLeadRest<T>::smem_bytes <= sizeof(cuda::smem_raw));
+  lead.ws = rest.ws = nullptr;
+  cuda::FusedLeadParams fp;
+  ASSERT_TRUE((cuda::make_fused_params<T, 128>(rest, &fp.rest)));
+  ASSERT_TRUE((cuda::make_fused_params<T, 128>(rest, &fp.lead)));
+  fp.lead.p = lead;
+  const dim3 grid(2, heads, 2);
+  ASSERT_EQ(cuda::fused_cluster_x(4, lead, grid), 2u);
+  run_grid(grid, cuda::FusedLeadRest<T>::kLaunchThreads, [&] { cuda::fused_lead_cta<T>(fp); }, 2);
+  EXPECT_TRUE(cuda::g_tma_pending.empty()) << "TMA copies nobody waited for";
+  cuda::g_tma_pending.clear();
+  EXPECT_EQ(cuda::g_bulk_unperformed.load(), 0) << "TMA stores nobody waited for";
+  cuda::g_bulk_unperformed = 0;
+}
+
 // The short walk (short_walk.cuh) with W warps, grid (dv / 16 W, H, z), no workspace.
 template <typename T, int DK, int W>
 void emulate_short(cuda::ChunkedParams p, dim3 grid) {
@@ -865,7 +886,7 @@ void check_packed_entries(cuda::ChunkedParams p, const cuda::CpLayout& layout, u
 // and the scan and the correction then read what stage 1 wrote.
 template <typename T, int DK>
 void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std::vector<float>* E_out = nullptr,
-                std::vector<int>* map_end_out = nullptr, bool packed = false, bool pairs = false) {
+                std::vector<int>* map_end_out = nullptr, bool packed = false, bool pairs = false, bool lead = false) {
   const detail::Shape& s = c.shape;
   const std::int64_t n = c.N();
   const cuda::CpLayout layout = cuda::CpLayout::of(s.T, n, seg);
@@ -983,7 +1004,10 @@ void emulate_cp(Case& c, int seg, int dvb1, int fix_z, float cutoff = 0.0f, std:
     p1.cp_slots = static_cast<int>(layout.slots);
   }
   const dim3 g1(static_cast<unsigned>(s.dv / dvb1 + s.dk / dvb1), static_cast<unsigned>(s.H), z1);
-  if (packed && dvb1 == 128) emulate_fused<T, DK, 128, true, false, true>(p1, g1);
+  if (lead) {  // as launch_cp: one sequence in two segments, a computed list, value and map pairs
+    ASSERT_TRUE(computed && n == 1 && p1.cp_pairs && layout.cap1 == 2 && s.T > seg);
+    if constexpr (DK == 128) emulate_fused_lead<T>(cuda::cp_lead_params(p, layout, E.data()), p1, static_cast<unsigned>(s.H));
+  } else if (packed && dvb1 == 128) emulate_fused<T, DK, 128, true, false, true>(p1, g1);
   else if (packed) emulate_fused<T, DK, 64, true, false, true>(p1, g1);
   else if (dvb1 == 128) emulate_fused<T, DK, 128, true>(p1, g1);
   else emulate_fused<T, DK, 64, true>(p1, g1);
@@ -1025,6 +1049,7 @@ TEST(Emulated, ContextParallel) {
     bool final_state = true;  // without it the scan skips its last step (and the launch, below)
     bool packed = false;      // stage 1 places its own entries (no builder; emulate_cp)
     bool pairs = false;       // stage 1's value and map CTA of a segment in a cluster (cp_pairs)
+    bool lead = false;        // lead mode: the first segment on the unsplit pairs (CpLayout::lead)
   };
   // Realistic gates decay a segment's start state to nothing (M ~ exp(-50) per 64 tokens): the
   // hard inputs (almost no decay) and no gate at all make M and the scan carry the result.
@@ -1051,6 +1076,12 @@ TEST(Emulated, ContextParallel) {
       {{300}, true, 128, 64, 128, 2, true, false, StateLayout::kv, hard, true, true, false, true},
       {{200, 200}, false, 128, 128, 128, 3, true, true, StateLayout::vk, real, true, true, false, true},
       {{70, 0, 330, 1, 128, 200}, true, 128, 64, 128, 3, true, false, StateLayout::vk, hard, true, true, true, true},
+      // Lead mode: the first segment (longer) on the unsplit 64-column pairs, the second on a value
+      // and map pair, in one launch; with and without cu_seqlens, a final state (one scan step) or
+      // none (no scan), in place, a tail chunk in either segment.
+      {{300}, true, 128, 192, 128, 1, true, false, StateLayout::kv, hard, true, true, false, true, true},
+      {{300}, false, 128, 256, 128, 1, false, false, StateLayout::vk, real, true, false, false, true, true},
+      {{250}, true, 128, 128, 128, 2, true, true, StateLayout::vk, hard, false, true, false, true, true},
   };
   int k = 0;
   for (const Run& r : runs) {
@@ -1073,7 +1104,8 @@ TEST(Emulated, ContextParallel) {
     Case c = test::random_case(s);
     const test::Reference ref = test::run_reference(c);
     const long copies = cuda::g_peer_copies.load();
-    if (r.dk == 128) emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs);
+    if (r.dk == 128)
+      emulate_cp<__nv_bfloat16, 128>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs, r.lead);
     else emulate_cp<__nv_bfloat16, 64>(c, r.seg, r.dvb1, r.fix_z, 0.0f, nullptr, nullptr, r.packed, r.pairs);
     // 64-column CTAs pair wherever dk and dv are multiples of 128 (fused_cluster_x); 128-column
     // ones only as value and map pairs.

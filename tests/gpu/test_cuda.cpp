@@ -1392,6 +1392,68 @@ TEST_F(Cuda, ContextParallel) {
   }
 }
 
+// Lead mode (CpLayout::lead), which the planner picks for one sequence of up to sms / 4 heads at
+// dk = dv = 128: the first, longer segment on the unsplit 64-column pairs, the second on a value
+// and map pair, in one launch. Against the oracle and the same problem unsplit, as above: both
+// dtypes, with and without cu_seqlens and a final state, in place, GVA heads, a tail chunk; then
+// on two streams at once and in a captured graph.
+TEST_F(Cuda, ContextParallelLeadMode) {
+  if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
+  if (test::sm_count() < 128) GTEST_SKIP() << "lead mode needs 4 CTAs per head: 32 heads on 128 SMs";
+  std::vector<Spec> specs;
+  Spec s = cp_spec({4096}, true, 128, 128, DType::bf16, 1740);
+  s.Hq = s.Hk = s.Hv = 32;
+  s.inputs = Inputs::hard;
+  s.initial_state = true;
+  specs.push_back(s);
+  s = cp_spec({3000}, false, 128, 128, DType::f16, 1741);  // a tail chunk in the second segment
+  s.Hq = s.Hk = 16, s.Hv = 32;  // qwen3next's heads
+  s.final_state = false;  // no scan launched
+  s.layout = StateLayout::vk;
+  specs.push_back(s);
+  s = cp_spec({6000}, true, 128, 128, DType::bf16, 1742);
+  s.Hq = s.Hk = s.Hv = 24;
+  s.inputs = Inputs::hard;
+  s.initial_state = true;
+  s.in_place = true;
+  s.gate_space = GateSpace::linear;
+  s.beta_dtype = DType::bf16;
+  specs.push_back(s);
+  for (const Spec& spec : specs) {
+    gdnkit::Options planned, whole;
+    whole.segments = 1;
+    std::string kl, kw;
+    const Errors el = check_case(spec, "lead mode", &kl, planned);
+    const Errors ew = check_case(spec, "the same unsplit", &kw, whole);
+    EXPECT_NE(kl.find("-cp2-lead"), std::string::npos) << kl;
+    EXPECT_EQ(kw.find("-cp"), std::string::npos) << kw;
+    EXPECT_LT(el.o, 1.3 * ew.o + 1e-4) << kl << " vs " << kw;
+    EXPECT_LT(el.state, 1.3 * ew.state + 1e-4) << kl << " vs " << kw;
+  }
+  // Two plans on two streams at once (each its own workspace), then a graph replay on new inputs.
+  Spec sa = specs[0], sb = specs[0];
+  sb.lens = {5000};
+  sb.seed = 1743;
+  Case a = test::random_case(sa), b = test::random_case(sb);
+  const test::Reference ra = test::run_reference(a), rb = test::run_reference(b);
+  DeviceCase da(a), db(b);
+  const Plan pa = Plan::create(da.problem()), pb = Plan::create(db.problem());
+  ASSERT_NE(std::string(pa.kernel_name()).find("-lead"), std::string::npos) << pa.kernel_name();
+  ASSERT_NE(std::string(pb.kernel_name()).find("-lead"), std::string::npos) << pb.kernel_name();
+  run_on_two_streams(pa, da, pb, db);
+  check_downloaded("lead mode, two streams: A", a, ra, pa);
+  check_downloaded("lead mode, two streams: B", b, rb, pb);
+  a.spec.seed = 1744;
+  test::fill_inputs(a);
+  a.poison_outputs();
+  const test::Reference r2 = test::run_reference(a);
+  CapturedRun run(pa, da);
+  da.upload(run.stream());
+  run.replay();
+  da.download(run.stream());
+  check_downloaded("lead mode, graph replay", a, r2, pa);
+}
+
 // The decay shortcut (Options::split_decay_cutoff) on realistic gates (every segment's start
 // state decays to nothing within its first chunk): the error against fp64 is the exact split's,
 // in both dtypes, with GVA heads and a packed batch; the plan names the shortcut. (The bound on
