@@ -181,11 +181,8 @@ CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut
   return best;
 }
 
-// GDNKIT_CP_LEAD (a measurement switch): 0 never picks lead mode; GDNKIT_CP_LEAD_SHARE: the first
-// segment's share of the chunks in percent instead of the model's balance (0: the model's).
-#ifndef GDNKIT_CP_LEAD
-#define GDNKIT_CP_LEAD 1
-#endif
+// GDNKIT_CP_LEAD_SHARE (a measurement switch): the first segment's share of the chunks in percent
+// instead of the model's balance (0: the model's).
 #ifndef GDNKIT_CP_LEAD_SHARE
 #define GDNKIT_CP_LEAD_SHARE 0
 #endif
@@ -201,7 +198,7 @@ double cp_lead_cost(const detail::Shape& s, std::int64_t seg_chunks) {
 CpChoice cp_best_lead(const detail::Shape& s, int sms) {
   CpChoice best;
   const std::int64_t chunks = chunks_of(s.T);
-  if (GDNKIT_CP_LEAD == 0 || s.N > 1 || s.dk != 128 || s.dv != 128 || 4 * s.H > sms || chunks < 2) return best;
+  if (s.N > 1 || s.dk != 128 || s.dv != 128 || 4 * s.H > sms || chunks < 2) return best;
   // The first segment at least as long as the second: its pairs step faster.
   std::int64_t lo = (chunks + 1) / 2, hi = chunks - 1;
   if (GDNKIT_CP_LEAD_SHARE > 0) lo = hi = std::clamp<std::int64_t>(chunks * GDNKIT_CP_LEAD_SHARE / 100, 1, chunks - 1);
@@ -232,7 +229,7 @@ CpChoice cp_choose(const detail::Shape& s, int sms, UnsplitKernel unsplit, int f
   const double unsplit_eq = cp_unsplit_cost(unsplit, eq, sms);
   const double inf = std::numeric_limits<double>::infinity();
   CpChoice best = cp_best_split(eq, sms, 2, 64, cut, prune ? kSplitPays * unsplit_eq : inf);
-  if (!cut) {
+  if (!cut && kCpLeadPlanned) {
     const CpChoice lead = cp_best_lead(s, sms);
     if (lead.nseg == 2 && (best.nseg < 2 || lead.cost < best.cost)) best = lead;
   }

@@ -67,6 +67,13 @@ double cp_split_cost(const detail::Shape& s, int sms, std::int64_t seg_chunks, i
 CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut,
                        double beat = std::numeric_limits<double>::infinity());
 
+// Whether the planner takes lead mode where the model puts it cheapest (GDNKIT_CP_LEAD, a build
+// switch: 1 by default; 0 leaves every split as before it, for A/B runs).
+#ifndef GDNKIT_CP_LEAD
+#define GDNKIT_CP_LEAD 1
+#endif
+constexpr bool kCpLeadPlanned = GDNKIT_CP_LEAD != 0;
+
 // Estimated device time (us) of lead mode with a first segment of seg_chunks chunks (one sequence,
 // dk = dv = 128), and the cheapest such split (nseg 0 where lead mode cannot run: more than one
 // sequence, other head sizes, more than sms / 4 heads, fewer than two chunks).
