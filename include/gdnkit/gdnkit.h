@@ -120,9 +120,10 @@ struct Options {
   // sequence (Problem::max_seq_len, else the mean length T / N; shorter sequences get fewer;
   // lengths are read on the device, no host copy of cu_seqlens is needed); unsupported where the
   // device cannot run it or that length is under two chunks. Not combined with `kernel`.
-  // The planner's own choice (0) may also be lead mode ("...-cp2-lead": one sequence of up to
-  // SMs / 4 heads at dk = dv = 128 in two segments, the first and longer one walked by the
-  // unsplit 64-column CTA pairs beside the second's split walks, in one launch); k >= 2 never is.
+  // In a build with GDNKIT_CP_LEAD=1 (off by default until timed on a GPU) the planner's own
+  // choice (0) may also be lead mode ("...-cp2-lead": one sequence of up to SMs / 4 heads at
+  // dk = dv = 128 in two segments, the first and longer one walked by the unsplit 64-column CTA
+  // pairs beside the second's split walks, in one launch); k >= 2 never is.
   int segments = 0;
   // The decay shortcut of a split, in [0, 1): 0 (the default) is exact. c > 0 lets a segment skip
   // the rest of its start state's transfer map once the gates summed from the segment's start

@@ -68,9 +68,10 @@ CpChoice cp_best_split(const detail::Shape& s, int sms, int lo, int hi, bool cut
                        double beat = std::numeric_limits<double>::infinity());
 
 // Whether the planner takes lead mode where the model puts it cheapest (GDNKIT_CP_LEAD, a build
-// switch: 1 by default; 0 leaves every split as before it, for A/B runs).
+// switch). 0 by default until it is timed on a GPU (docs/perf-notes.md, "Lead mode": built and
+// checked in the emulator, predicted ~23% faster on qwen3next-16x32-b1-*); 1 plans it.
 #ifndef GDNKIT_CP_LEAD
-#define GDNKIT_CP_LEAD 1
+#define GDNKIT_CP_LEAD 0
 #endif
 constexpr bool kCpLeadPlanned = GDNKIT_CP_LEAD != 0;
 

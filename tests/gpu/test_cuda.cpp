@@ -22,6 +22,7 @@
 #include "common/test_util.h"
 #include "common/walk_split.h"
 #include "cuda/chunked.h"
+#include "cuda/cp_model.h"
 #include "cuda/launch_list.h"
 #include "gpu/gpu_util.h"
 
@@ -1400,6 +1401,7 @@ TEST_F(Cuda, ContextParallel) {
 TEST_F(Cuda, ContextParallelLeadMode) {
   if (!split_runs_here()) GTEST_SKIP() << "the split runs on compute capability 9.0 with the CUTLASS build only";
   if (test::sm_count() < 128) GTEST_SKIP() << "lead mode needs 4 CTAs per head: 32 heads on 128 SMs";
+  if (!gdnkit::cuda::kCpLeadPlanned) GTEST_SKIP() << "a build without lead mode in the planner (GDNKIT_CP_LEAD=0)";
   std::vector<Spec> specs;
   Spec s = cp_spec({4096}, true, 128, 128, DType::bf16, 1740);
   s.Hq = s.Hk = s.Hv = 32;
