@@ -1393,6 +1393,29 @@ TEST_F(Cuda, ContextParallel) {
   }
 }
 
+namespace {
+
+// Plans pa and pb on two streams at once (each case its own buffers and workspace), checked; then
+// pa captured in a graph and replayed on new inputs (seed) in the same buffers, checked.
+void two_streams_then_replay(const std::string& what, const Plan& pa, Case& a, DeviceCase& da,
+                             const test::Reference& ra, const Plan& pb, const Case& b, DeviceCase& db,
+                             const test::Reference& rb, std::uint64_t seed) {
+  run_on_two_streams(pa, da, pb, db);
+  check_downloaded(what + ", two streams: A", a, ra, pa);
+  check_downloaded(what + ", two streams: B", b, rb, pb);
+  a.spec.seed = seed;
+  test::fill_inputs(a);
+  a.poison_outputs();
+  const test::Reference r2 = test::run_reference(a);
+  CapturedRun run(pa, da);
+  da.upload(run.stream());
+  run.replay();
+  da.download(run.stream());
+  check_downloaded(what + ", graph replay", a, r2, pa);
+}
+
+}  // namespace
+
 // Lead mode (CpLayout::lead), which the planner picks for one sequence of up to sms / 4 heads at
 // dk = dv = 128: the first, longer segment on the unsplit 64-column pairs, the second on a value
 // and map pair, in one launch. Against the oracle and the same problem unsplit, as above: both
@@ -1442,18 +1465,7 @@ TEST_F(Cuda, ContextParallelLeadMode) {
   const Plan pa = Plan::create(da.problem()), pb = Plan::create(db.problem());
   ASSERT_NE(std::string(pa.kernel_name()).find("-lead"), std::string::npos) << pa.kernel_name();
   ASSERT_NE(std::string(pb.kernel_name()).find("-lead"), std::string::npos) << pb.kernel_name();
-  run_on_two_streams(pa, da, pb, db);
-  check_downloaded("lead mode, two streams: A", a, ra, pa);
-  check_downloaded("lead mode, two streams: B", b, rb, pb);
-  a.spec.seed = 1744;
-  test::fill_inputs(a);
-  a.poison_outputs();
-  const test::Reference r2 = test::run_reference(a);
-  CapturedRun run(pa, da);
-  da.upload(run.stream());
-  run.replay();
-  da.download(run.stream());
-  check_downloaded("lead mode, graph replay", a, r2, pa);
+  two_streams_then_replay("lead mode", pa, a, da, ra, pb, b, db, rb, 1744);
 }
 
 // The decay shortcut (Options::split_decay_cutoff) on realistic gates (every segment's start
@@ -1507,20 +1519,7 @@ TEST_F(Cuda, ContextParallelStreamsAndGraph) {
   o.segments = 6;
   const Plan pa = Plan::create(da.problem(), o), pb = Plan::create(db.problem(), o);
   EXPECT_NE(std::string(pa.kernel_name()).find("-cp"), std::string::npos) << pa.kernel_name();
-  run_on_two_streams(pa, da, pb, db);
-  check_downloaded("split, two streams: A", a, ra, pa);
-  check_downloaded("split, two streams: B", b, rb, pb);
-
-  // Graph: captured once, replayed on new inputs in the same buffers.
-  a.spec.seed = 1712;
-  test::fill_inputs(a);
-  a.poison_outputs();
-  const test::Reference r2 = test::run_reference(a);
-  CapturedRun run(pa, da);
-  da.upload(run.stream());
-  run.replay();
-  da.download(run.stream());
-  check_downloaded("split, graph replay", a, r2, pa);
+  two_streams_then_replay("split", pa, a, da, ra, pb, b, db, rb, 1712);
 }
 
 // A split call's launches as one CUDA graph per stream (Options::split_graph, the default): the
