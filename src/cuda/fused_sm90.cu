@@ -242,6 +242,21 @@ bool rebase_fused_maps(FusedMaps* maps, const ChunkedParams& p) {
          replace(&m[2], const_cast<void*>(p.v)) == CUDA_SUCCESS && replace(&m[3], p.o) == CUDA_SUCCESS;
 }
 
+namespace {
+
+// A launch's parameters: p with the call's encoded descriptors (k, q, v, o).
+FusedParams fused_params_with(const ChunkedParams& p, const FusedMaps& maps) {
+  FusedParams fp;
+  fp.p = p;
+  std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));
+  std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
+  std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+  std::memcpy(&fp.o, maps.bytes + 3 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+  return fp;
+}
+
+}  // namespace
+
 cudaError_t add_fused_launch(const SplitKernel& k, const ChunkedParams& p, const FusedMaps& maps, dim3 grid,
                              LaunchList* list) {
   if (!k.fused || (k.warps != 4 && k.warps != 8)) return cudaErrorInvalidValue;
@@ -249,12 +264,7 @@ cudaError_t add_fused_launch(const SplitKernel& k, const ChunkedParams& p, const
   if (!fused_sizes_ok(p.tokens, std::max(p.num_seqs, p.num_walks))) return cudaErrorInvalidValue;
   if (p.walks != nullptr && p.longest_first) return cudaErrorInvalidValue;
   if (p.lpt && (!p.longest_first || grid.z > 64)) return cudaErrorInvalidValue;  // lpt_share (fused_sm90_scheduler.cuh)
-  FusedParams fp;
-  fp.p = p;
-  std::memcpy(&fp.k, maps.bytes, sizeof(CUtensorMap));
-  std::memcpy(&fp.q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
-  std::memcpy(&fp.v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
-  std::memcpy(&fp.o, maps.bytes + 3 * sizeof(CUtensorMap), sizeof(CUtensorMap));
+  FusedParams fp = fused_params_with(p, maps);
 #ifdef GDNKIT_FUSED_TIMELINE
   set_timeline(fp, grid);
 #endif
@@ -281,15 +291,7 @@ cudaError_t add_fused_lead_launch(const SplitKernel& k, const ChunkedParams& lea
   // Both halves cluster along x: the pairs (fused_cluster_x at 64 columns) and the value and map pair.
   if (fused_cluster_x(4, lead, grid) != 2 || fused_cluster_x(8, rest, dim3(2, grid.y, 1)) != 2)
     return cudaErrorInvalidValue;
-  FusedLeadParams fp;
-  fp.lead.p = lead;
-  fp.rest.p = rest;
-  for (FusedParams* f : {&fp.lead, &fp.rest}) {
-    std::memcpy(&f->k, maps.bytes, sizeof(CUtensorMap));
-    std::memcpy(&f->q, maps.bytes + sizeof(CUtensorMap), sizeof(CUtensorMap));
-    std::memcpy(&f->v, maps.bytes + 2 * sizeof(CUtensorMap), sizeof(CUtensorMap));
-    std::memcpy(&f->o, maps.bytes + 3 * sizeof(CUtensorMap), sizeof(CUtensorMap));
-  }
+  const FusedLeadParams fp{fused_params_with(lead, maps), fused_params_with(rest, maps)};
   return list->add_block(k.lead_func, grid, dim3(k.threads), k.lead_smem, 2, &fp, sizeof fp, alignof(FusedLeadParams))
              ? cudaSuccess
              : cudaErrorInvalidValue;
